@@ -1,0 +1,124 @@
+"""Typed clients for the three services: rlfleet.types in, rlfleet.types out.
+
+gRPC failures become rlfleet errors whose message names the service, its
+address and the RPC, so the controller can report them in one line.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from rlfleet import types as t
+from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
+from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet.rpc import convert
+from rlfleet.rpc.channel import wait_until_serving
+
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+
+
+def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> RlfleetError:
+    code = err.code() if hasattr(err, "code") else None
+    detail = err.details() if hasattr(err, "details") else str(err)
+    message = f"{role} service at {address}: {rpc} failed with {code.name if code else '?'}: {detail}"
+    if code in _UNREACHABLE:
+        return ServiceUnavailable(message)
+    if code == grpc.StatusCode.ABORTED:
+        return WeightSyncError(message)
+    return RlfleetError(message)
+
+
+def _rpc(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except grpc.RpcError as err:
+            raise _translate(self.role, self.address, fn.__name__, err) from None
+    return wrapper
+
+
+class _Client:
+    role = ""
+
+    def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive)
+
+    @_rpc
+    def status(self) -> t.ServiceStatus:
+        return convert.status_from_proto(self._stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class RolloutClient(_Client):
+    role = "rollout"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
+
+    def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
+        try:
+            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params), timeout=self.timeout_s):
+                yield convert.group_from_proto(msg)
+        except grpc.RpcError as err:
+            raise _translate(self.role, self.address, "Generate", err) from None
+
+    @_rpc
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        self._stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
+            address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s), timeout=30)
+
+    @_rpc
+    def pull_weights(self, version: int, timeout_s: float) -> rollout_pb2.PullWeightsResponse:
+        return self._stub.PullWeights(rollout_pb2.PullWeightsRequest(version=version), timeout=timeout_s)
+
+
+class RewardClient(_Client):
+    role = "reward"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stub = reward_pb2_grpc.RewardStub(self.channel)
+
+    @_rpc
+    def score(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
+        reply = self._stub.Score(convert.score_items_to_proto(items), timeout=self.timeout_s)
+        results = convert.score_results_from_proto(reply)
+        if [r.id for r in results] != [i.id for i in items]:
+            raise RlfleetError(f"reward service at {self.address} returned {len(results)} results for "
+                               f"{len(items)} items (or out of order)")
+        return results
+
+
+class LearnerClient(_Client):
+    role = "learner"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stub = learner_pb2_grpc.LearnerStub(self.channel)
+
+    @_rpc
+    def train(self, batch: t.TrainBatch) -> t.TrainResult:
+        reply = self._stub.Train(convert.train_batch_to_proto(batch), timeout=self.timeout_s)
+        return t.TrainResult(policy_version=reply.policy_version, metrics=dict(reply.metrics))
+
+    @_rpc
+    def open_weight_group(self, world_size: int, timeout_s: float) -> tuple[str, str]:
+        reply = self._stub.OpenWeightGroup(
+            learner_pb2.OpenWeightGroupRequest(world_size=world_size, timeout_s=timeout_s), timeout=30)
+        return reply.address, reply.backend
+
+    @_rpc
+    def push_weights(self, version: int, timeout_s: float) -> learner_pb2.PushWeightsResponse:
+        return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version), timeout=timeout_s)
+
+    @_rpc
+    def save_checkpoint(self, step: int) -> str:
+        return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step), timeout=self.timeout_s).path

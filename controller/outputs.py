@@ -1,0 +1,39 @@
+"""Everything a run writes: metrics.jsonl, TensorBoard scalars and sample records."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.run_dir = run_dir
+        for sub in ("samples", "checkpoints", "logs", "tensorboard"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self._metrics = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self._samples = open(run_dir / "samples" / "train.jsonl", "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
+        self._metrics.write(json.dumps(clean) + "\n")
+        if self._tb is not None:
+            step = int(metrics["step"])
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+
+    def log_samples(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._samples.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+        if self._tb is not None:
+            self._tb.close()

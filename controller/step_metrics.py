@@ -1,0 +1,50 @@
+"""One metrics.jsonl line per step, with verl's metric names."""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rlfleet.types import TrainSample
+from controller.groups import ScoredGroup
+
+
+def _mean(values: list[float]) -> float:
+    return float(statistics.fmean(values)) if values else 0.0
+
+
+def step_metrics(step: int, train_version: int, groups: list[ScoredGroup], samples: list[TrainSample],
+                 learner_metrics: dict[str, float], *, dropped: int, wait_s: float, train_s: float,
+                 sync_s: float, step_s: float) -> dict[str, Any]:
+    rewards = [score for g in groups for _, score in g.scored()]
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    truncated = [c.finish_reason == "length" for g in groups for c in g.completions]
+    staleness = [train_version - g.version for g in groups]
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    metrics: dict[str, Any] = {
+        "step": step,
+        "policy_version": train_version,
+        "reward/mean": _mean(rewards),
+        "reward/std": float(statistics.pstdev(rewards)) if len(rewards) > 1 else 0.0,
+        "reward/max": max(rewards, default=0.0),
+        "reward/min": min(rewards, default=0.0),
+        "reward/failed": float(sum(g.failed for g in groups)),
+        "response_length/mean": _mean([float(x) for x in lengths]),
+        "response_length/max": float(max(lengths, default=0)),
+        "response_length/clip_ratio": _mean([float(x) for x in truncated]),
+        "staleness/mean": _mean([float(x) for x in staleness]),
+        "staleness/max": float(max(staleness, default=0)),
+        "staleness/dropped_groups": float(dropped),
+        "timing/gen_s": sum(g.gen_seconds for g in groups),
+        "timing/reward_s": sum(g.reward_seconds for g in groups),
+        "timing/wait_s": wait_s,
+        "timing/train_s": train_s,
+        "timing/weight_sync_s": sync_s,
+        "timing/step_s": step_s,
+        "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+        "perf/samples_per_s": len(samples) / step_s if step_s > 0 else 0.0,
+    }
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm",
+                "actor/lr", "rollout/logprob_diff_mean"):
+        metrics[key] = float(learner_metrics.get(key, 0.0))
+    metrics.update({k: float(v) for k, v in learner_metrics.items() if k not in metrics})
+    return metrics

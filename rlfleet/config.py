@@ -1,0 +1,188 @@
+"""Job configuration: one YAML file, validated by pydantic, with dotted overrides.
+
+`load_config(path, ["learner.lr=1e-6", "controller.max_staleness=2"])` merges the
+overrides into the file (or into the built-in defaults when there is no file) and
+validates the result. Every error names the offending key and value.
+
+The defaults ARE the embedded default job: a tiny model built locally, trained on
+the built-in task on CPU. For real models start from `deploy/configs/*.yaml`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlfleet.errors import ConfigError
+
+BUILTIN_MODEL = "builtin:tiny"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServiceEndpointConfig(Section):
+    address: str | None = Field(None, description="host:port of an already running service; "
+                                "when unset `rlfleet run` starts one")
+    host: str = Field("127.0.0.1", description="interface to bind when serving")
+    port: int = Field(0, ge=0, le=65535, description="port to bind; 0 picks a free one")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one")
+    device: str = Field("auto", description="torch device: auto, cpu, cuda, cuda:N")
+
+
+class RunConfig(Section):
+    name: str = Field("default", min_length=1, description="run name; outputs go to output_dir/name")
+    output_dir: str = Field("outputs", description="root folder of run outputs")
+    seed: int = Field(0, ge=0, description="seed for data order, sampling and model init")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
+                                     "`rlfleet run` split the cores between services")
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+class ModelConfig(Section):
+    path: str = Field(BUILTIN_MODEL, description="HF model folder, or builtin:tiny to build the tiny model")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: float32 on CPU, bfloat16 on CUDA")
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list, description="Parquet files in the verl schema; "
+                                   "empty means the built-in task")
+    prompt_key: str = Field("prompt", description="column holding a chat message list or a string")
+    max_prompt_length: int = Field(512, ge=1, description="prompts longer than this (tokens) are "
+                                   "filtered out and counted")
+    shuffle: bool = True
+    builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
+
+
+class RolloutConfig(ServiceEndpointConfig):
+    backend: Literal["hf"] = Field("hf", description="generation engine")
+    n: int = Field(8, ge=1, le=1024, description="completions per prompt (GRPO group size)")
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(8, ge=1, le=65536)
+    stop: list[str] = Field(default_factory=list, description="stop strings")
+    max_batch_sequences: int = Field(256, ge=1, description="sequences generated together in one batch")
+
+
+class RewardConfig(ServiceEndpointConfig):
+    fn: str = Field("auto", description="auto (choose by data_source) or an import path pkg.module:function")
+
+
+class LearnerConfig(ServiceEndpointConfig):
+    lr: float = Field(1e-3, gt=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.2, ge=0.0, description="PPO ratio clip above: 1 + clip_high")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the frozen reference; "
+                           "0 loads no reference model")
+    micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
+                                    "(padded length x sequences)")
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
+    weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
+    weight_sync_timeout_s: float = Field(120.0, gt=0.0)
+
+
+class ControllerConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="status service port; 0 picks a free one")
+    max_steps: int = Field(40, ge=1)
+    prompts_per_step: int = Field(8, ge=1, description="groups per optimizer step")
+    max_staleness: int = Field(1, ge=0, description="a group generated by version v may be trained at "
+                               "step s only while s - v <= max_staleness; 0 is synchronous on-policy")
+    prompts_per_request: int = Field(8, ge=1, description="prompts sent in one Generate call")
+    rpc_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one Generate/Score/Train call")
+    connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")
+    samples_per_step: int | None = Field(None, ge=0, description="samples written to samples/ per step; "
+                                         "null writes all")
+
+
+class JobConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "JobConfig":
+        if self.rollout.n < 2:
+            raise ValueError("rollout.n must be at least 2: GRPO compares samples within a group")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=1` -> (["a", "b"], 1); the value is parsed as YAML (so 1e-6, true, [x, y] work)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"config override {item!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config override {key}: cannot parse value {raw!r}: {exc}") from None
+    # YAML reads `1e-6` as a string (it wants `1.0e-6`); pydantic coerces numeric strings.
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"config override {item!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if not err["loc"]:
+            lines.append(err["msg"].removeprefix("Value error, "))
+        elif err["type"] == "extra_forbidden":
+            lines.append(f"unknown config key {key!r}")
+        else:
+            lines.append(f"{key} = {err.get('input')!r}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def validate_config(data: dict[str, Any]) -> JobConfig:
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {_format_errors(exc)}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(loaded).__name__}")
+        data = loaded or {}
+    return validate_config(apply_overrides(data, list(overrides or [])))

@@ -1,0 +1,33 @@
+"""Device and dtype choice, shared by every service."""
+from __future__ import annotations
+
+import torch
+
+from rlfleet.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str, prefer_index: int = 0) -> torch.device:
+    """`auto` takes CUDA device `prefer_index` (mod the count) when there is one, else the CPU."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", prefer_index % torch.cuda.device_count())
+        return torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise ConfigError(f"device {spec!r} is not a torch device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {spec!r} asked for CUDA but no GPU is visible")
+    return device
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    if spec == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[spec]
+
+
+def weight_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"

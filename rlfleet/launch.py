@@ -1,0 +1,157 @@
+"""`rlfleet run`: every service as its own OS process, then the controller.
+
+Each service binds a free port itself and announces it in
+`<run_dir>/services/<role>.json`, so there is no port race. A child that dies
+stops the whole run with a message naming it; Ctrl-C stops everything cleanly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlfleet.config import JobConfig
+from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.serve import ROLES
+
+
+@dataclass
+class Child:
+    role: str
+    proc: subprocess.Popen
+    stderr_path: Path
+    expected_exit: bool = field(default=False)
+
+    def describe_exit(self) -> str:
+        tail = ""
+        try:
+            lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+            tail = f": {lines[-1].strip()}" if lines else ""
+        except OSError:
+            pass
+        return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
+                f"(full output: {self.stderr_path})")
+
+
+class Launcher:
+    def __init__(self, cfg: JobConfig):
+        self.cfg = cfg
+        self.run_dir = cfg.run.dir
+        self.children: list[Child] = []
+        self.failure: str | None = None
+        self.stop = threading.Event()
+
+    def _threads(self) -> int:
+        if self.cfg.run.threads_per_service:
+            return self.cfg.run.threads_per_service
+        # The rollout and the learner are the busy ones; give each half the cores.
+        return max(1, (os.cpu_count() or 2) // 2)
+
+    def start_services(self) -> dict[str, str]:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        services_dir = self.run_dir / "services"
+        services_dir.mkdir(parents=True, exist_ok=True)
+        for stale in services_dir.glob("*.json"):
+            stale.unlink()
+        config_path = self.run_dir / "config.yaml"
+        config_path.write_text(self.cfg.to_yaml())
+        addresses = {}
+        for role in ROLES:
+            endpoint = getattr(self.cfg, role)
+            if endpoint.address:
+                addresses[role] = endpoint.address
+                continue
+            stderr_path = self.run_dir / "logs" / f"{role}.stderr"
+            cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--config", str(config_path),
+                   f"run.threads_per_service={self._threads()}"]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
+                                    start_new_session=True)  # Ctrl-C reaches us only; we stop them
+            self.children.append(Child(role, proc, stderr_path))
+        for child in self.children:
+            addresses[child.role] = self._await_announce(child)
+        threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
+        return addresses
+
+    def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
+        path = self.run_dir / "services" / f"{child.role}.json"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if path.exists():
+                return json.loads(path.read_text())["address"]
+            if child.proc.poll() is not None:
+                raise ServiceUnavailable(child.describe_exit())
+            time.sleep(0.1)
+        raise ServiceUnavailable(f"the {child.role} service did not bind a port within {timeout_s:.0f}s")
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            for child in self.children:
+                if child.proc.poll() is not None and not child.expected_exit:
+                    self.failure = child.describe_exit()
+                    self.stop.set()
+                    return
+            time.sleep(0.2)
+
+    def alive(self) -> bool:
+        return self.failure is None
+
+    def dead_child(self) -> str | None:
+        """Why a child died, looking again right now (the watcher polls only every 0.2 s)."""
+        for child in self.children:
+            if not child.expected_exit and child.proc.poll() is not None:
+                return child.describe_exit()
+        return self.failure
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        self.stop.set()
+        for child in self.children:
+            child.expected_exit = True
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+                child.proc.wait()
+
+
+def format_progress(m: dict[str, Any], max_steps: int) -> str:
+    return (f"step {m['step']:>4}/{max_steps} | v{m['policy_version']:<4} | reward {m['reward/mean']:.3f} "
+            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy {m['actor/entropy']:.3f} "
+            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | {m['perf/tokens_per_s']:.0f} tok/s "
+            f"| sync {m['timing/weight_sync_s'] * 1000:.0f} ms")
+
+
+def run_job(cfg: JobConfig) -> dict[str, Any]:
+    from controller.main import run_controller
+    from rlfleet.models.resolve import resolve_model_path
+
+    print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
+    resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
+    launcher = Launcher(cfg)
+    try:
+        addresses = launcher.start_services()
+        print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
+        summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive,
+                                 on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
+    except RlfleetError as exc:
+        time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
+        dead = launcher.dead_child()
+        if dead:
+            raise RlfleetError(dead) from None
+        raise exc
+    finally:
+        launcher.shutdown()
+    if launcher.failure:
+        raise RlfleetError(launcher.failure)
+    print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)
+    return summary

@@ -1,0 +1,85 @@
+"""Lifecycle of one rlfleet gRPC server: health, reflection, metrics, SIGTERM.
+
+Health starts NOT_SERVING and flips to SERVING only when the caller says the
+model is loaded (`mark_serving`), so a load balancer or `rlfleet run` never
+routes work to a service that cannot do it.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rlfleet.errors import ConfigError
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class ServiceServer:
+    def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16):
+        self.service_names = service_names
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME], self._server)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
+        if self.port == 0:
+            raise ConfigError(f"cannot bind {host}:{port} (address in use or not local)")
+        self.host = host
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def add(self, add_fn: Callable[[object, grpc.Server], None], servicer: object) -> None:
+        add_fn(servicer, self._server)
+
+    def _set_health(self, status: int) -> None:
+        for name in ["", *self.service_names]:
+            self._health.set(name, status)
+
+    def start(self) -> None:
+        self._server.start()
+        log.info("listening", address=self.address)
+
+    def mark_serving(self) -> None:
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", address=self.address)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Refuses new work at once, lets running RPCs finish for `grace_s`."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._server.stop(grace_s).wait()
+        log.info("stopped", address=self.address)
+
+    def install_signal_handlers(self, grace_s: float = 5.0) -> None:
+        def handle(signum: int, _frame: object) -> None:
+            log.info("signal received", signal=signal.Signals(signum).name)
+            threading.Thread(target=self.stop, args=(grace_s,), daemon=True).start()
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()

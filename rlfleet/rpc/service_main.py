@@ -1,0 +1,54 @@
+"""Runs one service process: bind, announce, load the model, serve until SIGTERM.
+
+The port is bound before the (slow) model load so the address is known at once;
+health says NOT_SERVING until the load finished. The bound address is announced
+in `<run_dir>/services/<role>.json` for `rlfleet run` and `rlfleet status`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import torch
+
+from rlfleet.config import JobConfig, ServiceEndpointConfig
+from rlfleet.logging import setup_logging
+from rlfleet.metrics import ServiceMetrics
+from rlfleet.rpc.server import ServiceServer
+
+log = structlog.get_logger(__name__)
+
+
+def announce(run_dir: Path, role: str, address: str, metrics_port: int) -> Path:
+    folder = run_dir / "services"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{role}.json"
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({"role": role, "address": address, "metrics_port": metrics_port,
+                               "pid": os.getpid(), "started": time.time()}))
+    os.replace(tmp, path)
+    return path
+
+
+def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
+                add_fn: Callable, servicer: object, load: Callable[[], None]) -> None:
+    """`servicer` must have `attach(core)`; `load()` builds the core and attaches it."""
+    setup_logging(role, cfg.run.log_level, cfg.run.dir / "logs" / f"{role}.log")
+    if cfg.run.threads_per_service:
+        torch.set_num_threads(cfg.run.threads_per_service)
+    metrics: ServiceMetrics = servicer.metrics
+    metrics_port = metrics.serve(endpoint.host, endpoint.metrics_port)
+    server = ServiceServer(service_names, endpoint.host, endpoint.port)
+    server.add(add_fn, servicer)
+    server.install_signal_handlers()
+    server.start()
+    announce(cfg.run.dir, role, server.address, metrics_port)
+    servicer.metrics_port = metrics_port
+    log.info("loading", role=role, address=server.address, metrics_port=metrics_port)
+    load()
+    server.mark_serving()
+    server.wait()

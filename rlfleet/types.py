@@ -1,0 +1,95 @@
+"""Plain values that cross service boundaries.
+
+Cores speak these types; only `rlfleet.rpc.convert` knows their proto twins.
+Token payloads are plain lists of ints/floats so cores never depend on protobuf.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt to sample a group of `n` completions for."""
+
+    request_id: str
+    prompt_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
+    finish_reason: str  # "stop" (eos or stop string) or "length"
+    policy_version: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    request_id: str
+    completions: list[Completion]
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    id: str
+    data_source: str
+    prompt: str
+    response: str
+    ground_truth: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    id: str
+    score: float
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+    generation_version: int
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    step: int
+    samples: list[TrainSample]
+    temperature: float = 1.0
+    expected_version: int = -1  # -1: do not check
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    policy_version: int  # version after this optimizer step
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    role: str
+    ready: bool
+    policy_version: int = 0
+    in_flight: int = 0
+    last_error: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+    metrics_port: int = 0

@@ -1,0 +1,80 @@
+"""Turns TrainSamples into padded micro-batches that fit a token budget."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.types import TrainSample
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded prompt+response rows; position t of `*_B_T` predicts token t+1."""
+
+    input_ids_B_L: torch.Tensor
+    attention_mask_B_L: torch.Tensor
+    targets_B_T: torch.Tensor  # input_ids shifted left by one (T = L - 1)
+    response_mask_B_T: torch.Tensor  # 1 where the target is a response token
+    behaviour_logprobs_B_T: torch.Tensor
+    advantages_B: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.response_mask_B_T.sum().item())
+
+
+def validate_samples(samples: list[TrainSample], max_seq_len: int | None = None) -> None:
+    if not samples:
+        raise InvalidRequest("train batch has no samples")
+    for i, s in enumerate(samples):
+        if not s.prompt_ids:
+            raise InvalidRequest(f"sample {i}: prompt_ids is empty")
+        if not s.response_ids:
+            raise InvalidRequest(f"sample {i}: response_ids is empty")
+        if len(s.behaviour_logprobs) != len(s.response_ids):
+            raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
+                                 f"{len(s.response_ids)} response tokens")
+        if max_seq_len is not None and len(s.prompt_ids) + len(s.response_ids) > max_seq_len:
+            raise RequestTooLarge(f"sample {i}: {len(s.prompt_ids) + len(s.response_ids)} tokens exceed "
+                                  f"the model's {max_seq_len}")
+
+
+def split_by_token_budget(samples: list[TrainSample], budget_tokens: int) -> list[list[TrainSample]]:
+    """Greedy packing in order: a micro-batch's padded size (rows x longest row) stays within
+    the budget; a single sample longer than the budget gets a micro-batch of its own."""
+    batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    longest = 0
+    for s in samples:
+        length = len(s.prompt_ids) + len(s.response_ids)
+        if current and max(longest, length) * (len(current) + 1) > budget_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(s)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    B, L = len(samples), max(lengths)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    response_mask = torch.zeros((B, L - 1), dtype=torch.float32)
+    behaviour = torch.zeros((B, L - 1), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, :P + R] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        attention[i, :P + R] = 1
+        # Response token j sits at position P + j and is predicted from position P + j - 1.
+        response_mask[i, P - 1:P - 1 + R] = 1.0
+        behaviour[i, P - 1:P - 1 + R] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(
+        input_ids_B_L=input_ids.to(device), attention_mask_B_L=attention.to(device),
+        targets_B_T=input_ids[:, 1:].to(device), response_mask_B_T=response_mask.to(device),
+        behaviour_logprobs_B_T=behaviour.to(device), advantages_B=advantages.to(device))

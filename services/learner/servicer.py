@@ -1,0 +1,63 @@
+"""Learner gRPC servicer: converts and delegates to Learner."""
+from __future__ import annotations
+
+from rlfleet import types as t
+from rlfleet.errors import NotReady
+from rlfleet.metrics import ServiceMetrics
+from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
+from rlfleet.rpc import convert
+from rlfleet.rpc.errors import rpc_method
+from services.learner.learner import Learner
+
+SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+
+
+class LearnerServicer(learner_pb2_grpc.LearnerServicer):
+    role = "learner"
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.metrics = ServiceMetrics.create(self.role)
+        self.metrics_port = 0
+        self.learner: Learner | None = None
+        self.last_error = ""
+        self.host = host  # interface the weight-group store binds
+
+    def attach(self, learner: Learner) -> None:
+        self.learner = learner
+
+    def _ready(self) -> Learner:
+        if self.learner is None:
+            raise NotReady("learner model is still loading")
+        return self.learner
+
+    @rpc_method
+    def Train(self, request, context):
+        result = self._ready().train(convert.train_batch_from_proto(request))
+        self.metrics.policy_version.labels(self.role).set(result.policy_version)
+        self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
+        return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
+
+    @rpc_method
+    def OpenWeightGroup(self, request, context):
+        address, backend = self._ready().open_weight_group(request.world_size, self.host,
+                                                           request.timeout_s or 120.0)
+        return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
+
+    @rpc_method
+    def PushWeights(self, request, context):
+        stats = self._ready().push_weights(request.version)
+        self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
+        return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
+                                               seconds=stats["seconds"])
+
+    @rpc_method
+    def SaveCheckpoint(self, request, context):
+        return learner_pb2.SaveCheckpointResponse(path=str(self._ready().save_checkpoint(request.step)))
+
+    @rpc_method
+    def GetStatus(self, request, context):
+        learner = self.learner
+        return convert.status_to_proto(t.ServiceStatus(
+            role=self.role, ready=learner is not None, policy_version=learner.version if learner else 0,
+            in_flight=self.metrics.in_flight_now() - 1, last_error=self.last_error,
+            stats={"step": float(learner.step)} if learner else {}, metrics_port=self.metrics_port))

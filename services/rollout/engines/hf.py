@@ -1,0 +1,113 @@
+"""Transformers backend: batched `generate` with the sampled tokens' logprobs.
+
+A lock serialises generation chunks and weight swaps, so a chunk is generated
+entirely by one policy version and an update lands between chunks.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
+from rlfleet.weights import apply_to_module
+from services.learner.loss import token_logprobs
+from services.rollout.engine import RolloutEngine
+
+
+class HFEngine(RolloutEngine):
+    def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype, max_batch_sequences: int = 256):
+        self._device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.model.requires_grad_(False)
+        self.max_batch_sequences = max_batch_sequences
+        self.max_seq_len = getattr(self.model.config, "max_position_embeddings", 1 << 30)
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._lock = threading.Lock()
+        self.policy_version = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _eos_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    def validate(self, prompts: list[PromptRequest], params: SamplingParams) -> None:
+        if not prompts:
+            raise InvalidRequest("generate request has no prompts")
+        if params.max_new_tokens < 1:
+            raise InvalidRequest("max_new_tokens must be at least 1")
+        for p in prompts:
+            if not p.prompt_ids:
+                raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
+            if min(p.prompt_ids) < 0 or max(p.prompt_ids) >= self.vocab_size:
+                raise InvalidRequest(f"prompt {p.request_id!r} has token ids outside [0, {self.vocab_size})")
+            if len(p.prompt_ids) + params.max_new_tokens > self.max_seq_len:
+                raise RequestTooLarge(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens + "
+                                      f"{params.max_new_tokens} new exceed the model's {self.max_seq_len}")
+
+    def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
+        self.validate(prompts, params)
+        groups_per_chunk = max(1, self.max_batch_sequences // params.n)
+        for start in range(0, len(prompts), groups_per_chunk):
+            yield from self._generate_chunk(prompts[start:start + groups_per_chunk], params)
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[PromptRequest], params: SamplingParams) -> list[GroupResult]:
+        rows = [p.prompt_ids for p in prompts for _ in range(params.n)]
+        width = max(len(r) for r in rows)
+        # Left padding keeps every row's last prompt token in the last column.
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, width - len(r):] = torch.tensor(r)
+            attention[i, width - len(r):] = 1
+        greedy = params.temperature == 0
+        with self._lock:
+            version = self.policy_version
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                do_sample=not greedy, temperature=None if greedy else params.temperature,
+                top_p=None if greedy else params.top_p, top_k=None if greedy else (params.top_k or 0),
+                max_new_tokens=params.max_new_tokens, min_new_tokens=1,
+                stop_strings=list(params.stop) or None, tokenizer=self.tokenizer if params.stop else None,
+                pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
+                return_dict_in_generate=True, output_logits=True)
+        new_ids = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()
+        logprobs = token_logprobs(logits, new_ids, 1.0 if greedy else params.temperature).cpu()
+        completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
+                       for i in range(len(rows))]
+        return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
+                for g, p in enumerate(prompts)]
+
+    def _completion(self, ids: list[int], logprobs: list[float], params: SamplingParams, version: int) -> Completion:
+        # Cut after the first eos (kept, so the learner learns to stop) or at a stop string.
+        end, finish = len(ids), "length"
+        for j, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                end, finish = j + 1, "stop"
+                break
+        ids, logprobs = ids[:end], logprobs[:end]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if finish == "length" and params.stop and any(s in text for s in params.stop):
+            finish = "stop"
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version, text=text)
+
+    def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        with self._lock:
+            apply_to_module(self.model, tensors, strict=True)
+            self.policy_version = version

@@ -1,0 +1,61 @@
+"""Rollout gRPC servicer: converts and delegates to RolloutWorker."""
+from __future__ import annotations
+
+from rlfleet import types as t
+from rlfleet.errors import NotReady
+from rlfleet.metrics import ServiceMetrics
+from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
+from rlfleet.rpc import convert
+from rlfleet.rpc.errors import rpc_method
+from services.rollout.worker import RolloutWorker
+
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["Rollout"].full_name
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    role = "rollout"
+
+    def __init__(self) -> None:
+        self.metrics = ServiceMetrics.create(self.role)
+        self.metrics_port = 0
+        self.worker: RolloutWorker | None = None
+        self.last_error = ""
+
+    def attach(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+        self.metrics.policy_version.labels(self.role).set(worker.engine.policy_version)
+
+    def _ready(self) -> RolloutWorker:
+        if self.worker is None:
+            raise NotReady("rollout model is still loading")
+        return self.worker
+
+    @rpc_method
+    def Generate(self, request, context):
+        worker = self._ready()
+        params = convert.sampling_from_proto(request.params)
+        for group in worker.engine.generate(convert.prompts_from_proto(request), params):
+            self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
+            yield convert.group_to_proto(group)
+
+    @rpc_method
+    def JoinWeightGroup(self, request, context):
+        self._ready().join_weight_group(request.address, request.rank, request.world_size,
+                                        request.backend, request.timeout_s or 120.0)
+        return rollout_pb2.JoinWeightGroupResponse()
+
+    @rpc_method
+    def PullWeights(self, request, context):
+        stats = self._ready().pull_weights(request.version)
+        self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
+        self.metrics.policy_version.labels(self.role).set(stats["version"])
+        return rollout_pb2.PullWeightsResponse(version=int(stats["version"]), bytes=int(stats["bytes"]),
+                                               seconds=stats["seconds"])
+
+    @rpc_method
+    def GetStatus(self, request, context):
+        return convert.status_to_proto(t.ServiceStatus(
+            role=self.role, ready=self.worker is not None,
+            policy_version=self.worker.engine.policy_version if self.worker else 0,
+            in_flight=self.metrics.in_flight_now() - 1,  # not counting this call
+            last_error=self.last_error, metrics_port=self.metrics_port))
