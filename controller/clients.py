@@ -76,8 +76,9 @@ class RolloutClient(_Client):
             address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s), timeout=30)
 
     @_rpc
-    def pull_weights(self, version: int, timeout_s: float) -> rollout_pb2.PullWeightsResponse:
-        return self._stub.PullWeights(rollout_pb2.PullWeightsRequest(version=version), timeout=timeout_s)
+    def pull_weights(self, version: int, timeout_s: float, digest: bool = False) -> rollout_pb2.PullWeightsResponse:
+        return self._stub.PullWeights(rollout_pb2.PullWeightsRequest(version=version, digest=digest),
+                                      timeout=timeout_s)
 
 
 class RewardClient(_Client):
@@ -116,8 +117,9 @@ class LearnerClient(_Client):
         return reply.address, reply.backend
 
     @_rpc
-    def push_weights(self, version: int, timeout_s: float) -> learner_pb2.PushWeightsResponse:
-        return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version), timeout=timeout_s)
+    def push_weights(self, version: int, timeout_s: float, digest: bool = False) -> learner_pb2.PushWeightsResponse:
+        return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest),
+                                      timeout=timeout_s)
 
     @_rpc
     def save_checkpoint(self, step: int) -> str:

@@ -50,7 +50,7 @@ class GRPOLoop:
         self.params = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
-        self.sync = WeightSync(learner, [rollout], cfg.learner.weight_sync_timeout_s)
+        self.sync = WeightSync(learner, [rollout], cfg.learner.weight_sync_timeout_s, cfg.learner.verify_weights)
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
         self._admitted = 0  # groups admitted that will still be consumed (dropped ones are given back)

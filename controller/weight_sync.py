@@ -4,15 +4,17 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from rlfleet.errors import VersionMismatch
+from rlfleet.errors import VersionMismatch, WeightSyncError
 from controller.clients import LearnerClient, RolloutClient
 
 
 class WeightSync:
-    def __init__(self, learner: LearnerClient, rollouts: list[RolloutClient], timeout_s: float):
+    def __init__(self, learner: LearnerClient, rollouts: list[RolloutClient], timeout_s: float,
+                 verify: bool = False):
         self.learner = learner
         self.rollouts = rollouts
         self.timeout_s = timeout_s
+        self.verify = verify  # compare weight digests after every sync (one extra pass over the weights)
         self._pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="weight-sync")
 
     def open(self) -> str:
@@ -25,13 +27,18 @@ class WeightSync:
     def sync(self, version: int) -> float:
         """Pushes `version` to every rollout; returns the seconds until all of them serve it."""
         start = time.perf_counter()
-        push = self._pool.submit(self.learner.push_weights, version, self.timeout_s + 10)
-        pulls = [self._pool.submit(r.pull_weights, version, self.timeout_s + 10) for r in self.rollouts]
-        push.result()
+        deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
+        push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify)
+        pulls = [self._pool.submit(r.pull_weights, version, deadline, self.verify) for r in self.rollouts]
+        pushed = push.result()
         for rollout, pull in zip(self.rollouts, pulls):
-            served = pull.result().version
-            if served != version:
-                raise VersionMismatch(f"rollout at {rollout.address} serves version {served} after a push of {version}")
+            pulled = pull.result()
+            if pulled.version != version:
+                raise VersionMismatch(f"rollout at {rollout.address} serves version {pulled.version} "
+                                      f"after a push of {version}")
+            if self.verify and pulled.digest != pushed.digest:
+                raise WeightSyncError(f"rollout at {rollout.address}: weights of version {version} differ from "
+                                      f"the learner's (digest {pulled.digest} != {pushed.digest})")
         return time.perf_counter() - start
 
     def close(self) -> None:

@@ -61,7 +61,15 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # argparse cannot take positionals on both sides of an option (`serve ROLE --config F k=v`):
+    # collect the stray key=value items as overrides.
+    args, extra = parser.parse_known_args(argv)
+    stray = [item for item in extra if "=" not in item or item.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return dispatch(args)
     except KeyboardInterrupt:

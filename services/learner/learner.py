@@ -19,6 +19,7 @@ from rlfleet.devices import weight_backend
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
+from rlfleet.weights.digest import weights_digest
 from services.learner.batching import collate, split_by_token_budget, validate_samples
 from services.learner.checkpoint import save_checkpoint
 from services.learner.loss import grpo_policy_loss, token_entropy, token_logprobs
@@ -116,7 +117,11 @@ class Learner:
             self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20)
             return self._group.address, backend
 
-    def push_weights(self, version: int) -> dict[str, float]:
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Parameters and buffers: exactly what a rollout copy of the model must hold."""
+        return [*self.model.named_parameters(), *self.model.named_buffers()]
+
+    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
         with self._lock:
             if self._sender is None or self._group is None:
                 raise NotReady("no weight group: call OpenWeightGroup first")
@@ -125,12 +130,14 @@ class Learner:
             start = time.perf_counter()
             try:
                 self._group.connect()
-                stats = self._sender.push(self.model.named_parameters(), version)
+                stats = self._sender.push(self.named_weights(), version)
             except WeightSyncError:
                 self._group.close()
                 self._group, self._sender = None, None
                 raise
             stats["seconds"] = time.perf_counter() - start
+            if digest:
+                stats["digest"] = weights_digest(self.named_weights())
             return stats
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -139,5 +146,3 @@ class Learner:
             return save_checkpoint(self.checkpoint_dir, step, self.model, self.tokenizer, self.optimizer,
                                    {"policy_version": self.version})
 
-    def named_parameters(self):
-        return self.model.named_parameters()

@@ -45,10 +45,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     @rpc_method
     def PushWeights(self, request, context):
-        stats = self._ready().push_weights(request.version)
+        stats = self._ready().push_weights(request.version, digest=request.digest)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
-                                               seconds=stats["seconds"])
+                                               seconds=stats["seconds"], digest=stats.get("digest", ""))
 
     @rpc_method
     def SaveCheckpoint(self, request, context):

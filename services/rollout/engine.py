@@ -26,6 +26,10 @@ class RolloutEngine(ABC):
     def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """Replaces the served weights; no generation step may see a mix of versions."""
 
+    @abstractmethod
+    def weights_digest(self) -> str:
+        """rlfleet.weights.digest of the weights served now."""
+
     @property
     @abstractmethod
     def device(self) -> torch.device:

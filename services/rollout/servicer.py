@@ -46,11 +46,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     @rpc_method
     def PullWeights(self, request, context):
-        stats = self._ready().pull_weights(request.version)
+        stats = self._ready().pull_weights(request.version, digest=request.digest)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         self.metrics.policy_version.labels(self.role).set(stats["version"])
         return rollout_pb2.PullWeightsResponse(version=int(stats["version"]), bytes=int(stats["bytes"]),
-                                               seconds=stats["seconds"])
+                                               seconds=stats["seconds"], digest=stats.get("digest", ""))
 
     @rpc_method
     def GetStatus(self, request, context):

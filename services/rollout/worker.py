@@ -24,7 +24,7 @@ class RolloutWorker:
                                            timeout_s=timeout_s, device=self.engine.device)
             self._receiver = WeightReceiver(self._group)
 
-    def pull_weights(self, version: int) -> dict[str, float]:
+    def pull_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
         """Receives the broadcast of `version` and swaps it in; generation keeps serving the old
         version until the swap, which waits for the chunk being generated."""
         with self._lock:
@@ -40,4 +40,7 @@ class RolloutWorker:
                 raise
             self.engine.apply_weights(received.tensors, received.version)
             nbytes = sum(t.numel() * t.element_size() for t in received.tensors.values())
-            return {"version": received.version, "bytes": nbytes, "seconds": time.perf_counter() - start}
+            stats = {"version": received.version, "bytes": nbytes, "seconds": time.perf_counter() - start}
+            if digest:
+                stats["digest"] = self.engine.weights_digest()
+            return stats

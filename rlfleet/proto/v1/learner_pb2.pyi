@@ -65,20 +65,24 @@ class OpenWeightGroupResponse(_message.Message):
     def __init__(self, address: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
-    def __init__(self, version: _Optional[int] = ...) -> None: ...
+    digest: bool
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[bool] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
-    __slots__ = ("version", "bytes", "seconds")
+    __slots__ = ("version", "bytes", "seconds", "digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     bytes: int
     seconds: float
-    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    digest: str
+    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("step",)

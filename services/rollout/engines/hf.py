@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
+from rlfleet.weights.digest import weights_digest
 from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine
 
@@ -106,6 +107,10 @@ class HFEngine(RolloutEngine):
         if finish == "length" and params.stop and any(s in text for s in params.stop):
             finish = "stop"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version, text=text)
+
+    def weights_digest(self) -> str:
+        with self._lock:
+            return weights_digest([*self.model.named_parameters(), *self.model.named_buffers()])
 
     def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:

@@ -1,0 +1,184 @@
+"""A private broadcast group between the learner (rank 0) and rollout workers.
+
+Why its own group: the learner may itself run under torchrun with a default
+process group, and rollout workers come and go. So this group never touches
+``torch.distributed``'s global state: the learner hosts its own ``TCPStore``,
+and the backend object (``ProcessGroupGloo`` / ``ProcessGroupNCCL``) is built
+directly on a ``PrefixStore`` keyed by a *generation*, so a broken group can be
+rebuilt later on the same store under a fresh prefix.
+
+Why ``host()``/``join()`` don't block: the learner must hand its address to the
+workers (over gRPC) before anyone can rendezvous. Only ``connect()`` waits for
+all ranks, with the timeout, and names the ranks that never showed up.
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from rlfleet.errors import WeightSyncError
+
+_PROTOCOL = 1  # bumped when the wire format (manifest/buckets) changes
+_KEY_ROOT = "rlfleet/weights"
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"weight group address must be 'host:port', got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class WeightGroup:
+    """One rank of the weight-broadcast group; rank 0 is always the sender."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, backend: str,
+                 timeout_s: float, device: torch.device | str | None, address: str) -> None:
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if world_size < 2 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+        self.device = torch.device(device)
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"nccl needs a CUDA device, got {self.device}")
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout_s, self.address = float(timeout_s), address
+        self._store: dist.Store | None = store
+        self._pg: dist.ProcessGroup | None = None
+        self._generation = -1
+        self._used: set[int] = set()  # a prefix's rendezvous keys are never reset, so never reuse one
+        self._broken: str | None = None
+
+    @classmethod
+    def host(cls, world_size: int, backend: str = "gloo", host: str = "127.0.0.1", port: int = 0,
+             timeout_s: float = 60, device: torch.device | str | None = None) -> WeightGroup:
+        """Rank 0: start the TCPStore (port 0 = OS-assigned) and return at once."""
+        store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
+        addr = f"[{host}]:{store.port}" if ":" in host else f"{host}:{store.port}"
+        return cls(store, 0, world_size, backend, timeout_s, device, addr)
+
+    @classmethod
+    def join(cls, address: str, rank: int, world_size: int, backend: str = "gloo",
+             timeout_s: float = 60, device: torch.device | str | None = None) -> WeightGroup:
+        """Ranks 1..N: connect to the learner's store (retrying up to the timeout)."""
+        if rank == 0:
+            raise ValueError("rank 0 is the learner; it calls WeightGroup.host()")
+        host, port = _split_address(address)
+        try:
+            store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+        except Exception as e:  # DistStoreError, socket errors
+            raise WeightSyncError(f"cannot reach weight store at {address}: {e}") from e
+        return cls(store, rank, world_size, backend, timeout_s, device, address)
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None
+
+    def connect(self, generation: int = 0) -> None:
+        """Block until every rank has called ``connect(generation)``, then build the group.
+
+        All ranks must pass the same generation; pass a new one to rebuild after a failure.
+        """
+        if self._store is None:
+            raise WeightSyncError("weight group is closed")
+        if self._pg is not None and generation == self._generation:
+            return
+        if generation in self._used:
+            raise WeightSyncError(f"weight group generation {generation} was already used; pass a new one")
+        self._used.add(generation)
+        self._drop(abort=True)
+        store = dist.PrefixStore(f"{_KEY_ROOT}/g{generation}/", self._store)
+        keys = [f"joined/{r}" for r in range(self.world_size)]
+        try:
+            store.set(keys[self.rank], "1")
+            store.wait(keys, timedelta(seconds=self.timeout_s))
+        except Exception as e:
+            try:
+                who = f"rank(s) {[r for r, k in enumerate(keys) if not store.check([k])]} did not connect"
+            except Exception:  # the learner's store itself is gone
+                who = f"lost the weight store at {self.address} ({e})"
+            raise WeightSyncError(f"weight group generation {generation}: {who} "
+                                  f"within {self.timeout_s:g}s") from e
+        try:
+            self._pg = self._make_pg(store)
+        except Exception as e:
+            raise WeightSyncError(f"building {self.backend} weight group failed: {e}") from e
+        self._generation, self._broken = generation, None
+        hello = torch.tensor([_PROTOCOL, self.world_size, generation], dtype=torch.int64, device=self.device)
+        self.broadcast(hello)  # also forces NCCL's lazy communicator init inside the timeout
+        if hello.tolist() != [_PROTOCOL, self.world_size, generation]:
+            self._drop(abort=True)
+            raise WeightSyncError(f"weight group handshake mismatch: learner sent {hello.tolist()}")
+
+    def _make_pg(self, store: dist.Store) -> dist.ProcessGroup:
+        timeout = timedelta(seconds=self.timeout_s)
+        if self.backend == "gloo":
+            return dist.ProcessGroupGloo(store, self.rank, self.world_size, timeout)
+        opts = dist.ProcessGroupNCCL.Options()
+        # NCCL's watchdog kills the process when a collective outlives its timeout,
+        # so give it slack: our own poll in broadcast() fires first and aborts cleanly.
+        opts._timeout = timedelta(seconds=self.timeout_s + max(10.0, self.timeout_s))
+        return dist.ProcessGroupNCCL(store, self.rank, self.world_size, opts)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` in place from rank 0; raise WeightSyncError after the timeout."""
+        if self._pg is None:
+            if self._broken is not None:
+                raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new generation")
+            self.connect()
+        assert self._pg is not None
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        opts.timeout = timedelta(seconds=self.timeout_s)
+        try:
+            work = self._pg.broadcast([tensor], opts)
+            if self.backend == "gloo":
+                work.wait(timedelta(seconds=self.timeout_s))  # gloo honours the timeout itself
+            else:
+                self._poll(work)
+        except Exception as e:
+            self._broken = f"{type(e).__name__}: {e}"
+            self._drop(abort=True)
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight broadcast failed on rank {self.rank}: {e}") from e
+
+    def _poll(self, work: dist.Work) -> None:
+        """NCCL's ``wait()`` only orders streams; poll completion on the CPU with a deadline."""
+        deadline, delay = time.monotonic() + self.timeout_s, 1e-4
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank {self.rank}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+        work.wait()  # re-raises a stored error; makes the current stream wait for NCCL's
+
+    def _drop(self, abort: bool) -> None:
+        pg, self._pg = self._pg, None
+        if pg is None or self.backend == "gloo":
+            return  # gloo needs no teardown: dropping the object closes its sockets
+        try:
+            pg.abort() if abort else pg.shutdown()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Tear down the group and release the store (rank 0 stops serving it)."""
+        self._drop(abort=self._broken is not None)
+        self._store = None
+
+    def __enter__(self) -> WeightGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"WeightGroup(rank={self.rank}/{self.world_size}, backend={self.backend}, "
+                f"device={self.device}, address={self.address}, generation={self._generation})")

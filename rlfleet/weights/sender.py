@@ -1,0 +1,79 @@
+"""Learner side of a weight push: manifest first, then each flat bucket.
+
+Why two passes over the parameters: the manifest (which carries every bucket's
+checksum) must go out before the first bucket, but holding every packed bucket
+at once would cost a full extra copy of the model on the learner's device. So
+pass 1 packs each bucket, checksums it and frees it; pass 2 packs it again and
+broadcasts it. Packing is a device-local copy, cheap next to the network.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from rlfleet.weights.group import WeightGroup
+from rlfleet.weights.manifest import (DEFAULT_BUCKET_BYTES, BucketSpec, Manifest, checksum, dtype_from_name,
+                                      plan_buckets)
+
+
+class WeightSender:
+    """Pushes named tensors from rank 0 to every other rank of a WeightGroup."""
+
+    def __init__(self, group: WeightGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        if group.rank != 0:
+            raise ValueError(f"WeightSender must run on rank 0, this group is rank {group.rank}")
+        if bucket_bytes <= 0:
+            raise ValueError("bucket_bytes must be positive")
+        self.group = group
+        self.bucket_bytes = bucket_bytes
+
+    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
+        """Send one consistent snapshot; returns stats (bytes, buckets, tensors, seconds).
+
+        The caller must not modify the tensors until push() returns. Raises
+        WeightSyncError (from the group) on timeout or transport failure.
+        """
+        start = time.perf_counter()
+        named = [(name, t.detach()) for name, t in named_tensors]
+        manifest = plan_buckets(named, version, self.bucket_bytes)
+        tensors = dict(named)
+        by_bucket: list[list[int]] = [[] for _ in manifest.buckets]
+        for i, entry in enumerate(manifest.entries):
+            by_bucket[entry.bucket].append(i)
+        for b, spec in enumerate(manifest.buckets):
+            flat = self._pack(manifest, b, by_bucket[b], tensors)
+            manifest.buckets[b] = BucketSpec(spec.dtype, spec.numel, checksum(flat))
+            del flat
+        packed_s = time.perf_counter() - start
+        payload = manifest.to_bytes()
+        device = self.group.device
+        self.group.broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=device))
+        self.group.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device))
+        for b, spec in enumerate(manifest.buckets):
+            if spec.numel == 0:
+                continue  # both sides skip empty buckets; collectives of 0 bytes are backend-dependent
+            flat = self._pack(manifest, b, by_bucket[b], tensors)
+            self.group.broadcast(flat.view(torch.uint8))
+            del flat
+        return {
+            "version": version,
+            "bytes": manifest.total_bytes,
+            "manifest_bytes": len(payload),
+            "buckets": len(manifest.buckets),
+            "tensors": len(manifest.entries),
+            "pack_seconds": packed_s,
+            "seconds": time.perf_counter() - start,
+        }
+
+    def _pack(self, manifest: Manifest, bucket: int, entry_ids: list[int],
+              tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Contiguous copy of the bucket's tensors into one flat buffer on the group's device."""
+        spec = manifest.buckets[bucket]
+        flat = torch.empty(spec.numel, dtype=dtype_from_name(spec.dtype), device=self.group.device)
+        with torch.no_grad():
+            for i in entry_ids:
+                e = manifest.entries[i]
+                flat[e.offset:e.offset + e.numel].view(e.shape).copy_(tensors[e.name])
+        return flat

@@ -1,0 +1,66 @@
+"""GSM8K-style reward: compare the final numeric answer with the ground truth.
+
+The answer is the number after the last ``####`` marker when one is present,
+otherwise the last number anywhere in the text.  Commas, dollar signs and a
+trailing period are stripped before comparing; numbers are compared by value
+(so ``"18.00"`` equals ``"18"``).  Returns ``score`` (1.0) when right,
+``format_score`` (0.0 by default) when an answer was found but is wrong, and
+0.0 when no answer could be extracted.  Never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?|-?\.[0-9]+")
+
+
+def normalize_number(text: str) -> str:
+    """Strip whitespace, ``$``, commas and a trailing period."""
+    s = text.strip().replace(",", "").replace("$", "").strip()
+    while s.endswith("."):
+        s = s[:-1]
+    return s
+
+
+def extract_answer(solution_str: object) -> str | None:
+    """The final answer string (normalised), or None if there is none."""
+    if not isinstance(solution_str, str):
+        return None
+    text = solution_str
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].replace("$", "")
+        match = _NUMBER.search(tail)
+        return normalize_number(match.group(0)) if match else None
+    numbers = _NUMBER.findall(text.replace("$", ""))
+    if not numbers:
+        return None
+    return normalize_number(numbers[-1]) or None
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return Decimal(a) == Decimal(b)
+    except (InvalidOperation, ValueError):
+        return a == b
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict | None = None,
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    try:
+        answer = extract_answer(solution_str)
+        if answer is None:
+            return 0.0
+        truth = normalize_number(str(ground_truth))
+        if "####" in truth:
+            truth = extract_answer(truth) or ""
+        return float(score) if _same(answer, truth) else float(format_score)
+    except Exception:  # reward must never crash the service on odd inputs
+        return 0.0
