@@ -135,7 +135,10 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     from controller.main import run_controller
     from rlfleet.models.resolve import resolve_model_path
 
+    from rlfleet.logging import setup_logging
+
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
+    setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log")
     resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
     launcher = Launcher(cfg)
     try:
