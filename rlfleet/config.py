@@ -78,9 +78,9 @@ class RewardConfig(ServiceEndpointConfig):
 
 
 class LearnerConfig(ServiceEndpointConfig):
-    lr: float = Field(1e-3, gt=0.0, lt=1.0)
+    lr: float = Field(5e-4, gt=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.2, ge=0.0, description="PPO ratio clip above: 1 + clip_high")

@@ -78,9 +78,7 @@ def make_sft_pairs(n: int, seed: int, noise: float = 0.0) -> list[tuple[str, str
     pairs = []
     for _ in range(n):
         digits, answer = make_problem(rng)
-        target = "".join(
-            rng.choice("0123456789") if rng.random() < noise else ch for ch in answer
-        )
+        target = "".join(rng.choice("0123456789") if rng.random() < noise else ch for ch in answer)
         pairs.append((prompt_text(digits), target))
     return pairs
 

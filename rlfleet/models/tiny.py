@@ -61,8 +61,16 @@ RECIPE = {
     },
     # Warm-start: ``clean_steps`` on exact answers teach the skill, then
     # ``noisy_steps`` on the noisy teacher spread the sampling distribution.
-    "sft": {"clean_steps": 150, "noisy_steps": 150, "batch_size": 64, "lr": 3e-3,
-            "warmup": 30, "noise": 0.7, "weight_decay": 0.0, "threads": 2},
+    "sft": {
+        "clean_steps": 150,
+        "noisy_steps": 150,
+        "batch_size": 64,
+        "lr": 3e-3,
+        "warmup": 30,
+        "noise": 0.7,
+        "weight_decay": 0.0,
+        "threads": 2,
+    },
     "seed": 0,
 }
 
@@ -210,8 +218,9 @@ def _warm_start(model, tokenizer, seed: int, clean_steps: int, noisy_steps: int)
         opt.step()
         sched.step()
         if step % 100 == 0 or step == steps - 1:
-            log.info("tiny warm-start step %d/%d loss %.4f (%.1fs)", step + 1, steps,
-                     loss.item(), time.time() - t0)
+            log.info(
+                "tiny warm-start step %d/%d loss %.4f (%.1fs)", step + 1, steps, loss.item(), time.time() - t0
+            )
     model.eval()
 
 
@@ -254,8 +263,11 @@ def build_tiny_model(out_dir: Path, seed: int = 0, *, sft_steps: int | None = No
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "rlfleet_recipe.json").write_text(
-        json.dumps({"recipe": RECIPE, "hash": recipe_hash(), "seed": seed, "sft_steps": steps},
-                   indent=2, sort_keys=True)
+        json.dumps(
+            {"recipe": RECIPE, "hash": recipe_hash(), "seed": seed, "sft_steps": steps},
+            indent=2,
+            sort_keys=True,
+        )
     )
     return out_dir
 
@@ -301,6 +313,9 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
             try:
                 t0 = time.time()
                 build_tiny_model(tmp, seed=RECIPE["seed"])
+                for f in tmp.iterdir():  # mkdtemp/safetensors create owner-only modes
+                    f.chmod(0o644)
+                tmp.chmod(0o755)
                 os.rename(tmp, final)
                 log.info("built tiny model at %s in %.1fs", final, time.time() - t0)
             finally:

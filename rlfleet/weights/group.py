@@ -70,8 +70,9 @@ class WeightGroup:
         if rank == 0:
             raise ValueError("rank 0 is the learner; it calls WeightGroup.host()")
         host, port = _split_address(address)
-        try:
-            store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+        try:  # TCPStore's client retries its connect about twice, so give it half the budget
+            store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s / 2))
+            store.set_timeout(timedelta(seconds=timeout_s))
         except Exception as e:  # DistStoreError, socket errors
             raise WeightSyncError(f"cannot reach weight store at {address}: {e}") from e
         return cls(store, rank, world_size, backend, timeout_s, device, address)
@@ -103,12 +104,13 @@ class WeightGroup:
                 who = f"rank(s) {[r for r, k in enumerate(keys) if not store.check([k])]} did not connect"
             except Exception:  # the learner's store itself is gone
                 who = f"lost the weight store at {self.address} ({e})"
-            raise WeightSyncError(f"weight group generation {generation}: {who} "
-                                  f"within {self.timeout_s:g}s") from e
+            self._broken = f"weight group generation {generation}: {who} within {self.timeout_s:g}s"
+            raise WeightSyncError(self._broken) from e
         try:
             self._pg = self._make_pg(store)
         except Exception as e:
-            raise WeightSyncError(f"building {self.backend} weight group failed: {e}") from e
+            self._broken = f"building {self.backend} weight group failed: {e}"
+            raise WeightSyncError(self._broken) from e
         self._generation, self._broken = generation, None
         hello = torch.tensor([_PROTOCOL, self.world_size, generation], dtype=torch.int64, device=self.device)
         self.broadcast(hello)  # also forces NCCL's lazy communicator init inside the timeout

@@ -1,0 +1,21 @@
+"""Reward functions loaded by import path in tests (`tests.reward_fixtures:score`).
+
+They follow verl's signature `fn(data_source, solution_str, ground_truth, extra_info)`.
+The ground truth steers failures: "raise" raises, "nan" returns NaN, "inf" returns inf.
+"""
+from __future__ import annotations
+
+import math
+
+
+def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    if ground_truth == "raise":
+        raise ValueError("reward function exploded")
+    if ground_truth == "nan":
+        return math.nan
+    if ground_truth == "inf":
+        return math.inf
+    if ground_truth == "dict":
+        return {"score": 0.25, "acc": True}
+    bonus = float((extra_info or {}).get("bonus", 0.0))
+    return float(solution_str.strip() == ground_truth) + bonus
