@@ -4,8 +4,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import structlog
+
 from rlfleet.errors import VersionMismatch, WeightSyncError
 from controller.clients import LearnerClient, RolloutClient
+
+log = structlog.get_logger(__name__)
 
 
 class WeightSync:
@@ -22,6 +26,7 @@ class WeightSync:
         address, backend = self.learner.open_weight_group(1 + len(self.rollouts), self.timeout_s)
         for rank, rollout in enumerate(self.rollouts, start=1):
             rollout.join_weight_group(address, rank, 1 + len(self.rollouts), backend, self.timeout_s)
+        log.info("weight group opened", address=address, backend=backend, members=1 + len(self.rollouts))
         return address
 
     def sync(self, version: int) -> float:

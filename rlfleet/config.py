@@ -89,6 +89,8 @@ class LearnerConfig(ServiceEndpointConfig):
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
                                     "(padded length x sequences)")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
+    weight_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="weight-sync transport; auto picks NCCL when the learner has a GPU of its own")
     weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
     weight_sync_timeout_s: float = Field(120.0, gt=0.0)
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
@@ -146,7 +148,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         path, value = parse_override(item)
         node = data
         for part in path[:-1]:
-            child = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or a YAML section whose keys are all commented out
+                node[part] = {}
+            child = node[part]
             if not isinstance(child, dict):
                 raise ConfigError(f"config override {item!r}: {part} is not a section")
             node = child
@@ -186,5 +190,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(loaded).__name__}")
-        data = loaded or {}
+        data = {k: ({} if v is None else v) for k, v in (loaded or {}).items()}
     return validate_config(apply_overrides(data, list(overrides or [])))

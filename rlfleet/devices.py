@@ -29,5 +29,16 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return _DTYPES[spec]
 
 
-def weight_backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+def weight_backend(spec: str, device: torch.device) -> str:
+    """`auto`: NCCL when the learner is on a GPU and the host has several (NCCL cannot put two
+    ranks on one GPU, which is what a one-GPU host shared by learner and rollout would need)."""
+    if spec != "auto":
+        if spec == "nccl" and device.type != "cuda":
+            raise ConfigError(f"learner.weight_backend = 'nccl' needs the learner on a GPU, not {device}")
+        return spec
+    return "nccl" if device.type == "cuda" and torch.cuda.device_count() > 1 else "gloo"
+
+
+def transfer_device(backend: str, device: torch.device) -> torch.device:
+    """Where weight buckets live during a transfer: the GPU for NCCL, host memory for gloo."""
+    return device if backend == "nccl" else torch.device("cpu")

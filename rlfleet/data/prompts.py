@@ -62,11 +62,12 @@ def render_prompt(raw: Any, tokenizer: Any) -> str:
 
 def _ground_truth(row: dict[str, Any], path: Path, i: int) -> str:
     rm = row["reward_model"]
-    if isinstance(rm, str):
+    if isinstance(rm, str):  # a JSON object, or the ground truth itself (which may look like JSON: "42")
         try:
-            rm = json.loads(rm)
+            parsed = json.loads(rm)
         except json.JSONDecodeError:
-            rm = {"ground_truth": rm}
+            parsed = None
+        rm = parsed if isinstance(parsed, dict) else {"ground_truth": rm}
     if not isinstance(rm, dict) or "ground_truth" not in rm:
         raise DataError(f"data file {path}, row {i}: reward_model has no ground_truth")
     return str(rm["ground_truth"])

@@ -84,7 +84,8 @@ def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> list[t.ScoreResul
 
 def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
     return learner_pb2.TrainRequest(
-        step=b.step, temperature=b.temperature, expected_version=b.expected_version,
+        step=b.step, temperature=b.temperature,
+        expected_version=b.expected_version if b.expected_version >= 0 else None,
         samples=[learner_pb2.TrainSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids,
                                          behaviour_logprobs=s.behaviour_logprobs, advantage=s.advantage,
                                          generation_version=s.generation_version) for s in b.samples])
@@ -92,7 +93,8 @@ def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
 
 def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
     return t.TrainBatch(
-        step=msg.step, temperature=msg.temperature or 1.0, expected_version=msg.expected_version,
+        step=msg.step, temperature=msg.temperature or 1.0,
+        expected_version=msg.expected_version if msg.HasField("expected_version") else -1,
         samples=[t.TrainSample(prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids),
                                behaviour_logprobs=list(s.behaviour_logprobs), advantage=s.advantage,
                                generation_version=s.generation_version) for s in msg.samples])

@@ -70,6 +70,9 @@ def rpc_method(fn: Callable) -> Callable:
                 yield from fn(self, request, context)
             except Exception as exc:  # noqa: BLE001 - mapped to a status code
                 call.abort(context, exc)
+            except BaseException:  # GeneratorExit: the client cancelled or the deadline passed
+                call.done(None)
+                raise
             else:
                 call.done(None)
         return stream_wrapper

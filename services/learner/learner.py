@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.config import LearnerConfig
-from rlfleet.devices import weight_backend
+from rlfleet.devices import transfer_device, weight_backend
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
@@ -111,9 +111,9 @@ class Learner:
         with self._lock:
             if self._group is not None:
                 self._group.close()
-            backend = weight_backend(self.device)
+            backend = weight_backend(self.cfg.weight_backend, self.device)
             self._group = WeightGroup.host(world_size=world_size, backend=backend, host=host,
-                                           timeout_s=timeout_s, device=self.device)
+                                           timeout_s=timeout_s, device=transfer_device(backend, self.device))
             self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20)
             return self._group.address, backend
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
+from rlfleet.devices import transfer_device
 from rlfleet.errors import NotReady, WeightSyncError
 from rlfleet.weights import WeightGroup, WeightReceiver
 from services.rollout.engine import RolloutEngine
@@ -21,7 +22,8 @@ class RolloutWorker:
             if self._group is not None:
                 self._group.close()
             self._group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                           timeout_s=timeout_s, device=self.engine.device)
+                                           timeout_s=timeout_s,
+                                           device=transfer_device(backend, self.engine.device))
             self._receiver = WeightReceiver(self._group)
 
     def pull_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:

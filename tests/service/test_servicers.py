@@ -368,13 +368,51 @@ def test_rollout_rejects_bad_requests_and_keeps_serving(rollout_server):
         "too long": ({"a": [5] * 127}, grpc.StatusCode.RESOURCE_EXHAUSTED),  # 127 + 4 > 128 positions
     }
     for name, (prompts, code) in cases.items():
-        assert code_of(lambda: generate(stub, prompts, n=2, temperature=1.0, max_new_tokens=4)) == code, name
+        assert code_of(lambda p=prompts: generate(stub, p, n=2, temperature=1.0, max_new_tokens=4)) == code, name
     assert code_of(lambda: generate(stub, {}, n=2, max_new_tokens=4)) == grpc.StatusCode.INVALID_ARGUMENT
     assert "outside [0, 64)" in details_of(lambda: generate(stub, {"a": [64]}, n=2, max_new_tokens=2))
     # Still serving.
     assert len(generate(stub, {"ok": [6]}, n=2, temperature=1.0, max_new_tokens=2)) == 1
     status = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT)
     assert status.ready and status.in_flight == 0 and "InvalidRequest" in status.last_error
+
+
+def test_rollout_stop_strings_end_the_completion(rollout_server, hf_engine):
+    stub = rollout_pb2_grpc.RolloutStub(rollout_server.channel)
+    stops = list("abcdev")
+    groups = generate(stub, {f"p{i}": [6 + i] for i in range(4)}, n=4, temperature=1.0, max_new_tokens=12,
+                      seed=0, stop=stops)
+    by_stop_string = [c for g in groups for c in g.completions
+                      if c.finish_reason == "stop" and c.token_ids[-1] not in hf_engine.eos_ids]
+    if not by_stop_string:
+        pytest.skip("no completion hit a stop string with this model and seed")
+    decode = hf_engine.tokenizer.decode
+    for c in by_stop_string:
+        # The stop string appears with the last token, not before (no padding after it).
+        assert any(s in decode(list(c.token_ids), skip_special_tokens=True) for s in stops)
+        assert not any(s in decode(list(c.token_ids)[:-1], skip_special_tokens=True) for s in stops)
+
+
+def test_rollout_cancelled_stream_is_not_left_in_flight(started, hf_engine):
+    import time
+
+    running = started("rollout")
+    attach("rollout", running, hf_engine)
+    stub = rollout_pb2_grpc.RolloutStub(running.channel)
+    request = rollout_pb2.GenerateRequest(
+        prompts=[rollout_pb2.PromptInput(request_id=str(i), prompt_ids=[6]) for i in range(12)],
+        params=common_pb2.SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    call = stub.Generate(request, timeout=TIMEOUT)
+    next(call)
+    call.cancel()
+    deadline = time.monotonic() + 3
+    in_flight = -1
+    while time.monotonic() < deadline:
+        in_flight = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).in_flight
+        if in_flight == 0:
+            break
+        time.sleep(0.1)
+    assert in_flight == 0
 
 
 # ---- (d) learner --------------------------------------------------------------------------------

@@ -175,3 +175,10 @@ def test_prompt_source_without_shuffle_keeps_file_order():
     source = PromptSource(make_prompts(3), shuffle=False)
     assert indices(source, 7) == [0, 1, 2, 0, 1, 2, 0]
     assert source.next().index == 1
+
+
+def test_plain_string_ground_truth_that_looks_like_json(tmp_path):
+    cols = verl_rows(["abc", "de"])
+    cols["reward_model"] = ["42", "abc"]
+    prompts, _ = load_prompts([write_parquet(tmp_path / "s.parquet", cols)], CharTokenizer())
+    assert [p.ground_truth for p in prompts] == ["42", "abc"]

@@ -102,10 +102,13 @@ class HFEngine(RolloutEngine):
             if tok in self.eos_ids:
                 end, finish = j + 1, "stop"
                 break
+        if params.stop:  # generate() pads after a stop string: cut right after the token completing it
+            for j in range(end):
+                if any(s in self.tokenizer.decode(ids[:j + 1], skip_special_tokens=True) for s in params.stop):
+                    end, finish = j + 1, "stop"
+                    break
         ids, logprobs = ids[:end], logprobs[:end]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if finish == "length" and params.stop and any(s in text for s in params.stop):
-            finish = "stop"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version, text=text)
 
     def weights_digest(self) -> str:
