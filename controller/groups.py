@@ -1,11 +1,12 @@
 """Scored groups: what the controller buffers between generation and training."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from controller.advantages import group_advantages
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample
-from controller.advantages import group_advantages
 
 
 @dataclass
@@ -16,6 +17,7 @@ class ScoredGroup:
     results: list[ScoreResult]
     gen_seconds: float = 0.0
     reward_seconds: float = 0.0
+    replica: str = ""  # address of the rollout replica that generated it
     failed: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -30,13 +32,19 @@ class ScoredGroup:
         """Completions with an obtained reward; failures are excluded, never scored 0."""
         return [(c, r.score) for c, r in zip(self.completions, self.results) if r.ok]
 
-    def train_samples(self) -> list[TrainSample]:
+    def train_samples(self, estimator: Callable[[list[float]], list[float]] | None = None,
+                      rewards: list[float] | None = None) -> list[TrainSample]:
+        """Samples with advantages from `estimator` (default GRPO's) over `rewards` (default: the
+        scores of `scored()`; pass shaped rewards, one per scored completion, to train on those)."""
         kept = self.scored()
-        advantages = group_advantages([score for _, score in kept]).tolist() if kept else []
+        rewards = [score for _, score in kept] if rewards is None else rewards
+        if len(rewards) != len(kept):
+            raise ValueError(f"{len(rewards)} rewards for {len(kept)} scored completions")
+        advantages = (estimator(rewards) if estimator else group_advantages(rewards).tolist()) if kept else []
         return [TrainSample(prompt_ids=self.prompt.prompt_ids, response_ids=c.token_ids,
                             behaviour_logprobs=c.logprobs, advantage=float(a),
-                            generation_version=c.policy_version)
-                for (c, _), a in zip(kept, advantages) if c.token_ids]
+                            generation_version=c.policy_version, reward=float(r))
+                for (c, _), a, r in zip(kept, advantages, rewards) if c.token_ids]
 
 
 def score_items(prompt: Prompt, completions: list[Completion], request_id: str) -> list[ScoreItem]:

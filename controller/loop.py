@@ -18,12 +18,15 @@ from typing import Any
 import structlog
 
 from rlfleet.config import JobConfig
-from rlfleet.data.prompts import PromptSource
+from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import RlfleetError
 from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
+from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
 from controller.outputs import RunWriter
+from controller.rewards import reward_metrics
+from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
 from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
@@ -36,21 +39,28 @@ class Stopped(RlfleetError):
 
 
 class GRPOLoop:
-    def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient, reward: RewardClient,
+    def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient | list[RolloutClient],
+                 reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
-                 on_step: Callable[[dict[str, Any]], None] | None = None):
+                 on_step: Callable[[dict[str, Any]], None] | None = None,
+                 evaluator: PeriodicEval | None = None):
         self.cfg = cfg
         self.source = source
-        self.rollout, self.reward, self.learner = rollout, reward, learner
+        # Every replica has a generation thread that asks for work when it is free, which spreads
+        # groups by load; all of them take each new version in one broadcast.
+        self.rollouts = rollout if isinstance(rollout, list) else [rollout]
+        self.rollout, self.reward, self.learner = self.rollouts[0], reward, learner
         self.writer = writer
         self.stop = stop or threading.Event()
         self.on_step = on_step
+        self.evaluator = evaluator  # validation every controller.eval_every steps (controller/evaluation.py)
         self.B = cfg.controller.prompts_per_step
         self.gate = StalenessGate(self.B, cfg.controller.max_staleness)
+        self.samples = SampleBuilder(cfg.algorithm, cfg.rollout.max_new_tokens)  # shaping, filter, advantages
         self.params = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
-        self.sync = WeightSync(learner, [rollout], cfg.learner.weight_sync_timeout_s, cfg.learner.verify_weights)
+        self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s, cfg.learner.verify_weights)
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
         self._admitted = 0  # groups admitted that will still be consumed (dropped ones are given back)
@@ -61,35 +71,36 @@ class GRPOLoop:
         self.step = 0
 
     # ---- generation side ----------------------------------------------------------------------
-    def _admit(self) -> int:
-        """Blocks until the gate admits work; returns how many groups to request."""
+    def _admit(self) -> dict[str, tuple[int, Prompt]]:
+        """Blocks until the gate admits work; returns the prompts to request, by request id."""
         with self._cond:
             while not self.stop.is_set():
                 limit = self.gate.admission_limit(self._rollout_version)
                 if self._admitted < limit:
                     count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
                     self._admitted += count
-                    return count
+                    prompts = {}
+                    for _ in range(count):
+                        prompt = self.source.next()
+                        prompts[f"p{prompt.index}-s{self._seq}"] = (self._seq, prompt)
+                        self._seq += 1
+                    return prompts
                 self._cond.wait(0.5)
         raise Stopped("stopping")
 
-    def _generate_forever(self) -> None:
+    def _generate_forever(self, rollout: RolloutClient) -> None:
         try:
             while not self.stop.is_set():
-                count = self._admit()
-                prompts = {}
-                for _ in range(count):
-                    prompt = self.source.next()
-                    prompts[f"p{prompt.index}-s{self._seq}"] = (self._seq, prompt)
-                    self._seq += 1
+                prompts = self._admit()
                 requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
                 started = time.perf_counter()
-                for group in self.rollout.generate(requests, self.params):
+                for group in rollout.generate(requests, self.params):
                     gen_s = time.perf_counter() - started
                     seq, prompt = prompts[group.request_id]
                     t0 = time.perf_counter()
                     results = self.reward.score(score_items(prompt, group.completions, group.request_id))
-                    scored = ScoredGroup(seq, prompt, group.completions, results, gen_s, time.perf_counter() - t0)
+                    scored = ScoredGroup(seq, prompt, group.completions, results, gen_s, time.perf_counter() - t0,
+                                         replica=rollout.address)
                     with self._cond:
                         heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
                         self._cond.notify_all()
@@ -101,11 +112,18 @@ class GRPOLoop:
                 self._error = exc
                 self._cond.notify_all()
 
+    def buffered(self) -> int:
+        """Scored groups waiting to be trained."""
+        with self._cond:
+            return len(self._buffer)
+
     # ---- training side ------------------------------------------------------------------------
-    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], int]:
-        """Waits for B fresh groups; stale ones are dropped and their admission slots given back."""
+    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], int, int]:
+        """Waits for B fresh groups; stale ones, and (dynamic sampling) groups whose rewards are all
+        equal, are dropped and their admission slots given back, so generation makes up for them."""
         batch: list[ScoredGroup] = []
-        dropped = 0
+        dropped = filtered = 0
+        filter_limit = self.samples.filter_limit(self.B)
         with self._cond:
             while len(batch) < self.B:
                 if self._error is not None:
@@ -117,27 +135,40 @@ class GRPOLoop:
                     continue
                 _, _, group = heapq.heappop(self._buffer)
                 usable = len(group.scored()) >= 2
-                if self.gate.is_fresh(group.version, train_version) and usable:
-                    batch.append(group)
-                else:
+                if not (self.gate.is_fresh(group.version, train_version) and usable):
                     dropped += 1
-                    self._admitted -= 1
-                    self._cond.notify_all()
-        return batch, dropped
+                elif not self.samples.keep(group):
+                    filtered += 1
+                    if filter_limit is not None and filtered > filter_limit:
+                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal rewards in one "
+                                           "step; the task is solved or unsolvable for this policy "
+                                           "(raise algorithm.max_gen_batches, 0 never gives up)")
+                else:
+                    batch.append(group)
+                    continue
+                self._admitted -= 1
+                self._cond.notify_all()
+        return batch, dropped, filtered
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
         self.sync.open()
         self.sync.sync(0)  # both sides loaded the same files; this proves the path before training
-        gen_thread = threading.Thread(target=self._generate_forever, name="generation", daemon=True)
-        gen_thread.start()
+        if self.evaluator is not None and self.evaluator.before_train:  # the initial policy, as step 0
+            self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
+                0, 0, self.rollout.generate, self.reward.score)})
+        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}", daemon=True)
+                       for i, r in enumerate(self.rollouts)]
+        for thread in gen_threads:
+            thread.start()
         version = 0
         try:
             for step in range(1, cc.max_steps + 1):
+                structlog.contextvars.bind_contextvars(step=step, policy_version=version)
                 step_start = time.perf_counter()
-                groups, dropped = self._take_batch(version)
+                groups, dropped, filtered = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
-                samples = [s for g in groups for s in g.train_samples()]
+                samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
                 result = self.learner.train(TrainBatch(step=step, samples=samples,
                                                        temperature=self.params.temperature or 1.0,
@@ -150,6 +181,11 @@ class GRPOLoop:
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
+                metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
+                metrics.update(reward_metrics(self.reward, groups))  # reward/<source>/… under reward.sources
+                if self.evaluator is not None:
+                    metrics.update(self.evaluator.maybe_run(step, result.policy_version, self.rollout.generate,
+                                                            self.reward.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
                 self.last_metrics, self.step = metrics, step
@@ -161,7 +197,8 @@ class GRPOLoop:
             self.learner.save_checkpoint(cc.max_steps)
         finally:
             self.stop.set()
-            gen_thread.join(timeout=5)
+            for thread in gen_threads:
+                thread.join(timeout=5)
             self.sync.close()
         return self.last_metrics
 
@@ -173,6 +210,7 @@ class GRPOLoop:
                 records.append({"step": step, "prompt_index": g.prompt.index, "prompt": g.prompt.text,
                                 "response": c.text, "reward": r.score if r.ok else None,
                                 "reward_error": r.error or None, "version": c.policy_version,
-                                "trained_version": train_version, "finish_reason": c.finish_reason,
+                                "trained_version": train_version, "replica": g.replica,
+                                "last_version": max(c.last_policy_version, c.policy_version), "finish_reason": c.finish_reason,
                                 "ground_truth": g.prompt.ground_truth})
         return records if limit is None else records[:limit]

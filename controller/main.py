@@ -16,10 +16,14 @@ from rlfleet.models.resolve import resolve_model_path
 from rlfleet.proto.v1 import controller_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
 from rlfleet.rpc.service_main import announce
-from controller.clients import LearnerClient, RewardClient, RolloutClient
+from controller.clients import LearnerClient, RolloutClient
+from controller.evaluation import PeriodicEval
 from controller.loop import GRPOLoop
+from controller.rewards import make_reward_client
 from controller.outputs import RunWriter
 from controller.status_servicer import SERVICE_NAME, ControllerServicer
+from controller.telemetry import ControllerTelemetry
+from controller.tracking import make_sinks
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +39,12 @@ def train_files(cfg: JobConfig) -> list[Path]:
     return [path]
 
 
+def rollout_addresses(addresses: dict[str, str]) -> list[str]:
+    """The rollout replicas' addresses: `rollout`, then `rollout-1`, `rollout-2`, …"""
+    names = [n for n in addresses if n == "rollout" or n.startswith("rollout-")]
+    return [addresses[n] for n in sorted(names, key=lambda n: 0 if n == "rollout" else int(n.split("-")[1]))]
+
+
 def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
                    on_step: Callable[[dict[str, Any]], None] | None = None,
                    alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
@@ -43,6 +53,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
+    evaluator = PeriodicEval.from_config(cfg, tokenizer)
 
     loop_ref: list[GRPOLoop] = []
     status = ServiceServer([SERVICE_NAME], cc.host, cc.port)
@@ -50,21 +61,31 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
                ControllerServicer(cfg.run.name, addresses, lambda: loop_ref[0] if loop_ref else None))
     status.start()
     status.mark_serving()
-    announce(cfg.run.dir, "controller", status.address, 0)
+    telemetry = ControllerTelemetry()
+    announce(cfg.run.dir, "controller", status.address, telemetry.serve(cc.host, cc.metrics_port))
+
+    def step_done(metrics: dict[str, Any]) -> None:
+        telemetry.observe_step(metrics)
+        log.info("step done", reward=metrics["reward/mean"], pg_loss=metrics["actor/pg_loss"],
+                 staleness=metrics["staleness/mean"], step_s=round(metrics["timing/step_s"], 3))
+        if on_step is not None:
+            on_step(metrics)
 
     clients = []
     try:
         kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive)
-        rollout = RolloutClient(addresses["rollout"], **kw)
-        clients.append(rollout)
-        reward = RewardClient(addresses["reward"], **kw)
+        rollout = [RolloutClient(address, **kw) for address in rollout_addresses(addresses)]
+        clients.extend(rollout)
+        reward = make_reward_client(cfg, addresses, **kw)  # the reward service, or reward.sources
         clients.append(reward)
         learner = LearnerClient(addresses["learner"], **kw)
         clients.append(learner)
-        writer = RunWriter(cfg.run.dir)
+        writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         try:
-            loop = GRPOLoop(cfg, source, rollout, reward, learner, writer, stop=stop, on_step=on_step)
+            loop = GRPOLoop(cfg, source, rollout, reward, learner, writer, stop=stop, on_step=step_done,
+                            evaluator=evaluator)
             loop_ref.append(loop)
+            telemetry.watch_buffer(loop.buffered)
             return loop.run()
         finally:
             writer.close()
@@ -72,3 +93,4 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         for client in clients:
             client.close()
         status.stop(grace_s=1)
+        telemetry.close()

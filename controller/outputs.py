@@ -1,4 +1,7 @@
-"""Everything a run writes: metrics.jsonl, TensorBoard scalars and sample records."""
+"""Everything a run writes: metrics.jsonl, TensorBoard scalars and sample records.
+
+`sinks` (controller/tracking.py: Weights & Biases) get every metrics line too.
+"""
 from __future__ import annotations
 
 import json
@@ -8,8 +11,9 @@ from typing import Any
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, sinks: list[Any] | None = None):
         self.run_dir = run_dir
+        self._sinks = list(sinks or [])
         for sub in ("samples", "checkpoints", "logs", "tensorboard"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self._metrics = open(run_dir / "metrics.jsonl", "a", buffering=1)
@@ -27,6 +31,9 @@ class RunWriter:
             for key, value in metrics.items():
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
+            self._tb.flush()  # a live TensorBoard shows each step as it ends
+        for sink in self._sinks:
+            sink.log(metrics)
 
     def log_samples(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -37,3 +44,5 @@ class RunWriter:
         self._samples.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self._sinks:
+            sink.close()

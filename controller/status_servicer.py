@@ -26,4 +26,5 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         return controller_pb2.RunStatus(
             run_name=self.run_name, step=getattr(loop, "step", 0), policy_version=int(last.get("policy_version", 0)),
             services=[controller_pb2.ServiceEndpoint(role=r, address=a) for r, a in self.services.items()],
-            last_metrics={k: float(v) for k, v in last.items() if isinstance(v, (int, float))})
+            last_metrics={**{k: float(v) for k, v in last.items() if isinstance(v, (int, float))},
+                          **({"controller/buffered_groups": float(loop.buffered())} if loop is not None else {})})

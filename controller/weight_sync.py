@@ -23,10 +23,16 @@ class WeightSync:
 
     def open(self) -> str:
         """Opens the learner's group and has every rollout join it; returns the rendezvous address."""
-        address, backend = self.learner.open_weight_group(1 + len(self.rollouts), self.timeout_s)
-        for rank, rollout in enumerate(self.rollouts, start=1):
-            rollout.join_weight_group(address, rank, 1 + len(self.rollouts), backend, self.timeout_s)
-        log.info("weight group opened", address=address, backend=backend, members=1 + len(self.rollouts))
+        # A replica takes one rank per tensor-parallel worker; the learner is rank 0.
+        ranks = [int(r.status().stats.get("weight_ranks", 1)) for r in self.rollouts]
+        world_size = 1 + sum(ranks)
+        address, backend = self.learner.open_weight_group(world_size, self.timeout_s)
+        base = 1
+        for rollout, count in zip(self.rollouts, ranks):
+            rollout.join_weight_group(address, base, world_size, backend, self.timeout_s)
+            base += count
+        log.info("weight group opened", address=address, backend=backend, members=world_size,
+                 replicas=len(self.rollouts))
         return address
 
     def sync(self, version: int) -> float:

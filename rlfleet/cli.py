@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlfleet import plot
+from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
+from rlfleet.eval import command as eval_command
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -19,12 +22,24 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(sub.add_parser("run", help="start every service and train"))
     serve = sub.add_parser("serve", help="run one service")
     serve.add_argument("role", choices=["rollout", "reward", "learner"])
+    serve.add_argument("--name", help="name in logs and in RUN_DIR/services/ (default: the role; "
+                       "rollout replicas are rollout, rollout-1, …)")
+    serve.add_argument("--index", type=int, default=0, help="replica index: picks the GPU under device=auto")
     _config_args(serve)
     _config_args(sub.add_parser("controller", help="run the GRPO loop against running services "
                                 "(rollout.address=… reward.address=… learner.address=…)"))
-    status = sub.add_parser("status", help="show the services of a run")
+    status = sub.add_parser("status", help="show every service of a run: address, health, policy version, "
+                            "load, in-flight work, last error")
     status.add_argument("run_dir", help="the run folder (<output_dir>/<name>)")
+    status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    status.add_argument("--prometheus-sd", metavar="FILE", help="also write the services' /metrics addresses "
+                        "as a Prometheus file_sd targets file (see deploy/prometheus/)")
     sub.add_parser("build-model", help="build (or find cached) the embedded tiny model; prints its folder")
+    from rlfleet.reward_cli import add_reward_parser
+    add_reward_parser(sub)
+    data_command.add_parser(sub)
+    eval_command.add_parser(sub)
+    plot.add_parser(sub)
     return parser
 
 
@@ -39,21 +54,36 @@ def dispatch(args: argparse.Namespace) -> int:
         run_job(_load(args))
     elif args.command == "serve":
         from rlfleet.serve import SERVERS
-        SERVERS[args.role](_load(args))
+        SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
-        missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address]
+        from rlfleet.reward_config import needs_reward_service
+        missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
+                   and (r != "reward" or needs_reward_service(cfg.reward.sources))
+                   and (r != "rollout" or not cfg.rollout.addresses)]
         if missing:
             raise RlfleetError("rlfleet controller needs " + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
         from rlfleet.launch import format_progress
         from rlfleet.logging import setup_logging
-        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log")
-        run_controller(cfg, {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner")},
+        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
+        addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
+        from rlfleet.launch import replica_names
+        addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
+        run_controller(cfg, addresses,
                        on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
         from rlfleet.status import print_status
-        return print_status(args.run_dir)
+        return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd)
+    elif args.command == "data":
+        return data_command.run(args)
+    elif args.command == "eval":
+        return eval_command.run(args)
+    elif args.command == "plot":
+        return plot.run(args)
+    elif args.command == "reward":
+        from rlfleet.reward_cli import run_reward_command
+        return run_reward_command(args)
     elif args.command == "build-model":
         from rlfleet.models.tiny import ensure_tiny_model
         print(ensure_tiny_model())

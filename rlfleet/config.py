@@ -15,7 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlfleet.algorithm import AlgorithmConfig, LoraConfig
 from rlfleet.errors import ConfigError
+from rlfleet.reward_config import RewardModelConfig, RewardSourceConfig, check_sources
+from rlfleet.tracking_config import TrackingConfig
 
 BUILTIN_MODEL = "builtin:tiny"
 
@@ -60,10 +63,21 @@ class DataConfig(Section):
                                    "filtered out and counted")
     shuffle: bool = True
     builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
+    val_files: list[str] = Field(default_factory=list, description="Parquet files evaluated every "
+                                 "controller.eval_every steps; empty with the built-in task: 64 held-out prompts")
 
 
 class RolloutConfig(ServiceEndpointConfig):
-    backend: Literal["hf"] = Field("hf", description="generation engine")
+    backend: Literal["hf", "vllm"] = Field("hf", description="generation engine: transformers or vLLM")
+    replicas: int = Field(1, ge=1, le=64, description="rollout services `rlfleet run` starts; the controller "
+                          "spreads groups across them and pushes weights to all in one broadcast")
+    addresses: list[str] = Field(default_factory=list, description="host:port of running rollout replicas "
+                                 "(instead of address, for several)")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per replica")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vLLM's share of GPU memory")
+    max_model_len: int | None = Field(None, ge=16, description="vLLM context length; null: the model's")
+    inflight_updates: bool = Field(True, description="vLLM: requests in flight continue under new weights "
+                                   "(else a weight update waits for them to finish)")
     n: int = Field(8, ge=1, le=1024, description="completions per prompt (GRPO group size)")
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -74,7 +88,20 @@ class RolloutConfig(ServiceEndpointConfig):
 
 
 class RewardConfig(ServiceEndpointConfig):
-    fn: str = Field("auto", description="auto (choose by data_source) or an import path pkg.module:function")
+    fn: str = Field("auto", description="auto (choose by data_source), a built-in reward name "
+                    "(gsm8k, math, code, …) or an import path pkg.module:function")
+    model: RewardModelConfig = Field(default_factory=RewardModelConfig,
+                                     description="an HF reward model served by the reward service")
+    sources: list[RewardSourceConfig] = Field(default_factory=list, description="external servers, "
+                                              "functions and the reward service, combined with weights; "
+                                              "empty: the reward service alone")
+    max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many samples "
+                                          "in a row got no reward from reward.sources; 0 never stops")
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> "RewardConfig":
+        check_sources(self.sources)
+        return self
 
 
 class LearnerConfig(ServiceEndpointConfig):
@@ -82,10 +109,7 @@ class LearnerConfig(ServiceEndpointConfig):
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO ratio clip below: 1 - clip_low")
-    clip_high: float = Field(0.2, ge=0.0, description="PPO ratio clip above: 1 + clip_high")
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the frozen reference; "
-                           "0 loads no reference model")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
                                     "(padded length x sequences)")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
@@ -95,6 +119,14 @@ class LearnerConfig(ServiceEndpointConfig):
     weight_sync_timeout_s: float = Field(120.0, gt=0.0)
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
                                  "each rollout's weights; a mismatch stops the run")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict) and k in data)
+        if moved:
+            raise ValueError(f"learner.{moved[0]} moved to algorithm.{moved[0]} (see docs/algorithms.md)")
+        return data
 
 
 class ControllerConfig(Section):
@@ -109,6 +141,12 @@ class ControllerConfig(Section):
     connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")
     samples_per_step: int | None = Field(None, ge=0, description="samples written to samples/ per step; "
                                          "null writes all")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one")
+    eval_every: int = Field(0, ge=0, description="evaluate on data.val_files every N steps (and after the "
+                            "last); logs val/<data_source>/accuracy; 0 never")
+    eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy (step 0)")
+    eval_n: int = Field(1, ge=1, le=1024, description="samples per validation prompt: 1 is greedy, more "
+                        "sample at rollout.temperature and log pass@k")
 
 
 class JobConfig(Section):
@@ -119,11 +157,16 @@ class JobConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "JobConfig":
         if self.rollout.n < 2:
             raise ValueError("rollout.n must be at least 2: GRPO compares samples within a group")
+        if self.rollout.backend == "vllm" and self.learner.verify_weights:
+            raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused layers do not "
+                             "allow; watch rollout/logprob_diff_mean instead")
         return self
 
     def to_yaml(self) -> str:

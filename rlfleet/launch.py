@@ -19,6 +19,7 @@ from typing import Any
 
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.reward_config import needs_reward_service
 from rlfleet.serve import ROLES
 
 
@@ -38,6 +39,11 @@ class Child:
             pass
         return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
                 f"(full output: {self.stderr_path})")
+
+
+def replica_names(count: int) -> list[str]:
+    """`rollout` for the first replica (so one replica looks like any other service), then rollout-1…"""
+    return ["rollout", *(f"rollout-{i}" for i in range(1, count))]
 
 
 class Launcher:
@@ -65,19 +71,33 @@ class Launcher:
         addresses = {}
         for role in ROLES:
             endpoint = getattr(self.cfg, role)
+            if role == "rollout" and (endpoint.address or endpoint.addresses):
+                external = [endpoint.address] if endpoint.address else []
+                addresses.update(zip(replica_names(len(external) + len(endpoint.addresses)),
+                                     external + endpoint.addresses))
+                continue
             if endpoint.address:
                 addresses[role] = endpoint.address
                 continue
-            stderr_path = self.run_dir / "logs" / f"{role}.stderr"
-            cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--config", str(config_path),
-                   f"run.threads_per_service={self._threads()}"]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
-                                    start_new_session=True)  # Ctrl-C reaches us only; we stop them
-            self.children.append(Child(role, proc, stderr_path))
+            if role == "rollout":
+                for index, name in enumerate(replica_names(self.cfg.rollout.replicas)):
+                    self._spawn(role, config_path, name, index)
+                continue
+            if role == "reward" and not needs_reward_service(self.cfg.reward.sources):
+                continue  # every reward source is an external server or a function in the controller
+            self._spawn(role, config_path, role, 0)
         for child in self.children:
             addresses[child.role] = self._await_announce(child)
         threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         return addresses
+
+    def _spawn(self, role: str, config_path: Path, name: str, index: int) -> None:
+        stderr_path = self.run_dir / "logs" / f"{name}.stderr"
+        cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
+               "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
+                                start_new_session=True)  # Ctrl-C reaches us only; we stop them
+        self.children.append(Child(name, proc, stderr_path))
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"
@@ -138,7 +158,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     from rlfleet.logging import setup_logging
 
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
-    setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log")
+    setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
     resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
     launcher = Launcher(cfg)
     try:

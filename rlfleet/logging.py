@@ -1,20 +1,51 @@
-"""structlog setup: JSON lines to a file per service, readable lines on the console."""
+"""structlog setup: JSON lines to a file per service, readable lines on the console.
+
+Every line carries `service` and `run`, whatever thread logs it; fields set with
+`set_log_fields` (the served policy version of a service, say) are added to
+every line too, and callables among them are read at the moment of logging.
+Per-request fields (`request_id`, the controller's `step`) are bound with
+structlog's contextvars by the RPC layer and the training loop.
+"""
 from __future__ import annotations
 
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_PROCESS_FIELDS: dict[str, Any] = {}  # logging is process-wide state; so are these
+
+
+def set_log_fields(**fields: Any) -> None:
+    """Adds fields to every log line of this process; a callable value is called per line."""
+    _PROCESS_FIELDS.update(fields)
+
+
+def _add_process_fields(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key, value in _PROCESS_FIELDS.items():
+        if key in event:
+            continue
+        if callable(value):
+            try:
+                value = value()
+            except Exception:  # noqa: BLE001, S112 - a log line must never fail for its context
+                continue
+        if value is not None:
+            event[key] = value
+    return event
 
 
 def setup_logging(service: str, level: str = "info", log_file: Path | None = None,
-                  console: bool = True) -> structlog.stdlib.BoundLogger:
+                  console: bool = True, run: str | None = None) -> structlog.stdlib.BoundLogger:
     """Routes structlog through stdlib logging so grpc/torch warnings land in the same files."""
+    _PROCESS_FIELDS.clear()
+    set_log_fields(service=service, run=run)
     shared = [
         structlog.contextvars.merge_contextvars,
+        _add_process_fields,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -44,5 +75,4 @@ def setup_logging(service: str, level: str = "info", log_file: Path | None = Non
             foreign_pre_chain=shared))
         handler.setLevel(max(_LEVELS[level], logging.WARNING) if log_file else _LEVELS[level])
         root.addHandler(handler)
-    structlog.contextvars.bind_contextvars(service=service)
     return structlog.get_logger(service)

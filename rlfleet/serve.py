@@ -8,36 +8,39 @@ from rlfleet.rpc.service_main import run_service
 ROLES = ("rollout", "reward", "learner")
 
 
-def serve_rollout(cfg: JobConfig) -> None:
+def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None:
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
-    from services.rollout.engines.hf import HFEngine
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
-    from services.rollout.worker import RolloutWorker
 
     servicer = RolloutServicer()
 
     def load() -> None:
-        device = resolve_device(cfg.rollout.device, prefer_index=0)
-        engine = HFEngine(resolve_model_path(cfg.model.path), device, resolve_dtype(cfg.model.dtype, device),
-                          cfg.rollout.max_batch_sequences)
-        servicer.attach(RolloutWorker(engine))
+        device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
+        path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
+        if cfg.rollout.backend == "vllm":
+            from services.rollout.engines.vllm import VLLMEngine
+            engine = VLLMEngine(path, device, dtype, cfg.rollout, seed=cfg.run.seed)
+        else:
+            from services.rollout.engines.hf import HFEngine
+            engine = HFEngine(path, device, dtype, cfg.rollout.max_batch_sequences)
+        servicer.attach(engine)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
-                servicer, load)
+                servicer, load, name=name)
 
 
-def serve_reward(cfg: JobConfig) -> None:
+def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
     from rlfleet.proto.v1 import reward_pb2_grpc
-    from services.reward.scorer import RewardScorer
+    from services.reward.build import build_scorer
     from services.reward.servicer import SERVICE_NAME, RewardServicer
 
     servicer = RewardServicer()
     run_service("reward", cfg, cfg.reward, [SERVICE_NAME], reward_pb2_grpc.add_RewardServicer_to_server,
-                servicer, lambda: servicer.attach(RewardScorer(cfg.reward.fn)))
+                servicer, lambda: servicer.attach(build_scorer(cfg.reward)), name=name)
 
 
-def serve_learner(cfg: JobConfig) -> None:
+def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import learner_pb2_grpc
     from services.learner.learner import Learner
@@ -46,14 +49,15 @@ def serve_learner(cfg: JobConfig) -> None:
     servicer = LearnerServicer(host=cfg.learner.host)
 
     def load() -> None:
-        # With two GPUs the learner takes the second one, leaving the first to the rollout.
-        device = resolve_device(cfg.learner.device, prefer_index=1)
+        # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
+        device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
         servicer.attach(Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
                                 resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
-                                seed=cfg.run.seed))
+                                seed=cfg.run.seed, algorithm=cfg.algorithm,
+                                max_response_tokens=cfg.rollout.max_new_tokens))
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                servicer, load)
+                servicer, load, name=name)
 
 
 SERVERS = {"rollout": serve_rollout, "reward": serve_reward, "learner": serve_learner}

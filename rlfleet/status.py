@@ -1,48 +1,191 @@
-"""`rlfleet status RUN_DIR`: address, health, version, load and last error of each service."""
+"""`rlfleet status RUN_DIR`: every service of a run, as `ray list actors` showed verl users.
+
+One row per service announced in `RUN_DIR/services/<role>.json` (and per service
+the controller uses that was started elsewhere): address, pid, /metrics port,
+health, policy version, step, load (queued work), in-flight RPCs, last error.
+The controller row comes from its GetRunStatus RPC.
+"""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from rlfleet.errors import DataError
-from rlfleet.proto.v1 import common_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2_grpc
+from rlfleet.proto.v1 import (
+    common_pb2,
+    controller_pb2_grpc,
+    learner_pb2_grpc,
+    reward_pb2_grpc,
+    rollout_pb2_grpc,
+)
 from rlfleet.rpc.channel import health_status, open_channel
 
-_STUBS = {"rollout": rollout_pb2_grpc.RolloutStub, "reward": reward_pb2_grpc.RewardStub,
-          "learner": learner_pb2_grpc.LearnerStub}
+_STUBS = {
+    "rollout": rollout_pb2_grpc.RolloutStub,
+    "reward": reward_pb2_grpc.RewardStub,
+    "learner": learner_pb2_grpc.LearnerStub,
+}
+_UNITS = {"rollout": "prompts", "reward": "items", "learner": "samples"}
+COLUMNS = (
+    "role",
+    "address",
+    "pid",
+    "metrics_port",
+    "health",
+    "version",
+    "step",
+    "load",
+    "in_flight",
+    "last_error",
+)
 
 
-def collect(run_dir: Path) -> list[dict]:
-    folder = run_dir / "services"
-    if not folder.is_dir():
-        raise DataError(f"{run_dir} has no services/ folder: is it a run folder (<output_dir>/<name>)?")
+def _kind(name: str) -> str:
+    """`rollout-2` (a replica) -> `rollout`."""
+    base, _, index = name.rpartition("-")
+    return base if base and index.isdigit() else name
+
+
+def _row(role: str, address: str, **extra: Any) -> dict[str, Any]:
+    """`role` is the service's name (`rollout-1` for a second replica)."""
+    row = dict.fromkeys(COLUMNS, "-")
+    row.update({"role": role, "address": address, "last_error": "", **extra})
+    return row
+
+
+def _service_load(role: str, stats: dict[str, float]) -> str:
+    parts = [f"queue {stats.get('queue_depth', 0):.0f} {_UNITS.get(role, '')}".rstrip()]
+    if role == "rollout":
+        parts.append(f"{stats.get('tokens', 0):.0f} tokens")
+    elif role == "reward":
+        parts.append(f"{stats.get('scored', 0):.0f} scored")
+    return ", ".join(parts)
+
+
+def _query_service(row: dict[str, Any], channel: grpc.Channel) -> None:
+    kind = _kind(row["role"])
+    stub_cls = _STUBS.get(kind)
+    if stub_cls is None:
+        return
+    st = stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=5)
+    stats = dict(st.stats)
+    row.update(
+        version=st.policy_version if kind != "reward" else "-",
+        in_flight=st.in_flight,
+        last_error=st.last_error,
+        load=_service_load(kind, stats),
+    )
+    if "step" in stats:
+        row["step"] = int(stats["step"])
+    if st.metrics_port and row["metrics_port"] == "-":
+        row["metrics_port"] = st.metrics_port
+
+
+def _query_controller(row: dict[str, Any], channel: grpc.Channel) -> list[tuple[str, str]]:
+    """Fills the controller row; returns the (role, address) of the services it uses."""
+    st = controller_pb2_grpc.ControllerStub(channel).GetRunStatus(common_pb2.GetStatusRequest(), timeout=5)
+    last = dict(st.last_metrics)
+    load = f"{last.get('controller/buffered_groups', 0):.0f} groups buffered"
+    if "reward/mean" in last:
+        load += f", reward {last['reward/mean']:.3f}"
+    row.update(version=st.policy_version, step=st.step, load=load)
+    return [(s.role, s.address) for s in st.services]
+
+
+def _query(row: dict[str, Any]) -> list[tuple[str, str]]:
+    channel = open_channel(row["address"])
+    try:
+        row["health"] = health_status(channel)
+        if row["health"] == "UNREACHABLE":
+            return []
+        if row["role"] == "controller":
+            return _query_controller(row, channel)
+        _query_service(row, channel)
+    except grpc.RpcError as err:
+        row["last_error"] = f"status failed: {err.code().name}"
+    finally:
+        channel.close()
+    return []
+
+
+def _announced(folder: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(folder.glob("*.json")):
-        info = json.loads(path.read_text())
-        row = {"role": info["role"], "address": info["address"], "pid": info.get("pid"),
-               "health": "-", "version": "-", "in_flight": "-", "last_error": ""}
-        channel = open_channel(info["address"])
         try:
-            row["health"] = health_status(channel)
-            stub_cls = _STUBS.get(info["role"])
-            if stub_cls is not None and row["health"] != "UNREACHABLE":
-                st = stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=5)
-                row.update(version=st.policy_version, in_flight=st.in_flight, last_error=st.last_error)
-        except grpc.RpcError as err:
-            row["last_error"] = f"status failed: {err.code().name}"
-        finally:
-            channel.close()
-        rows.append(row)
+            info = json.loads(path.read_text())
+            rows.append(
+                _row(
+                    info.get("name") or info["role"],
+                    info["address"],
+                    pid=info.get("pid", "-"),
+                    metrics_port=info.get("metrics_port") or "-",
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            rows.append(_row(path.stem, "-", last_error=f"unreadable {path.name}: {exc}"))
     return rows
 
 
-def print_status(run_dir: str) -> int:
-    rows = collect(Path(run_dir))
-    header = f"{'role':<11}{'address':<22}{'pid':<9}{'health':<13}{'version':<9}{'in_flight':<10}last_error"
-    print(header)
+def collect(run_dir: Path) -> list[dict[str, Any]]:
+    folder = run_dir / "services"
+    if not folder.is_dir():
+        raise DataError(f"{run_dir} has no services/ folder: is it a run folder (<output_dir>/<name>)?")
+    rows = _announced(folder)
+    known = {(r["role"], r["address"]) for r in rows}
+    for row in list(rows):
+        if row["address"] == "-":
+            continue
+        for role, address in _query(row):  # services the controller uses that announced nowhere here
+            if (role, address) not in known:
+                known.add((role, address))
+                extra = _row(role, address, pid="external")
+                _query(extra)
+                rows.append(extra)
+    order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3}
+    return sorted(rows, key=lambda r: (order.get(_kind(r["role"]), 9), r["role"], r["address"]))
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS[:-1]} if rows else {}
+    lines = ["  ".join(c.ljust(widths.get(c, len(c))) for c in COLUMNS[:-1]) + "  last_error"]
     for r in rows:
-        print(f"{r['role']:<11}{r['address']:<22}{str(r['pid']):<9}{r['health']:<13}{str(r['version']):<9}"
-              f"{str(r['in_flight']):<10}{r['last_error']}")
-    return 0 if all(r["health"] == "SERVING" for r in rows) else 1
+        lines.append("  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS[:-1]) + f"  {r['last_error']}")
+    return "\n".join(lines)
+
+
+def prometheus_targets(run_dir: Path) -> list[dict[str, Any]]:
+    """Prometheus file_sd entries for the /metrics of every service announced in the run folder."""
+    targets = []
+    for row in _announced(run_dir / "services"):
+        if row["address"] != "-" and row["metrics_port"] != "-":
+            host = row["address"].rsplit(":", 1)[0]
+            targets.append(
+                {
+                    "targets": [f"{host}:{row['metrics_port']}"],
+                    "labels": {"name": row["role"], "run": run_dir.name},
+                }
+            )
+    return targets
+
+
+def write_prometheus_targets(run_dir: Path, path: Path) -> int:
+    targets = prometheus_targets(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(targets, indent=2) + "\n")
+    tmp.replace(path)  # Prometheus never reads a half-written file
+    return len(targets)
+
+
+def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None) -> int:
+    """Exit code 0 when every service is SERVING, 1 otherwise."""
+    rows = collect(Path(run_dir))
+    if prometheus_sd:
+        count = write_prometheus_targets(Path(run_dir), Path(prometheus_sd))
+        print(f"rlfleet: wrote {count} Prometheus targets to {prometheus_sd}")
+    print(json.dumps(rows, indent=2) if as_json else format_rows(rows))
+    return 0 if rows and all(r["health"] == "SERVING" for r in rows) else 1

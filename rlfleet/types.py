@@ -33,8 +33,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
     finish_reason: str  # "stop" (eos or stop string) or "length"
-    policy_version: int
+    policy_version: int  # the oldest version that generated any of its tokens
     text: str = ""
+    last_policy_version: int = -1  # the newest one; -1 means the same as policy_version
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class ScoreResult:
     score: float
     ok: bool = True
     error: str = ""
+    components: dict[str, float] = field(default_factory=dict)  # per reward source, before weighting
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class TrainSample:
     behaviour_logprobs: list[float]
     advantage: float
     generation_version: int
+    reward: float = 0.0  # the sample's (shaped) reward, for estimators the learner runs (gae, reinforce_pp)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ The ground truth steers failures: "raise" raises, "nan" returns NaN, "inf" retur
 from __future__ import annotations
 
 import math
+import time
 
 
 def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
@@ -19,3 +20,10 @@ def score(data_source: str, solution_str: str, ground_truth: str, extra_info: di
         return {"score": 0.25, "acc": True}
     bonus = float((extra_info or {}).get("bonus", 0.0))
     return float(solution_str.strip() == ground_truth) + bonus
+
+
+def sleepy(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+           seconds: float = 1.0) -> float:
+    """Takes `seconds` to score: a reward function slower than its deadline."""
+    time.sleep(seconds)
+    return 1.0

@@ -78,8 +78,12 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
     """Returns the prompts and how many were filtered out for length."""
     prompts: list[Prompt] = []
     too_long = 0
+    from tqdm import tqdm  # a bar on a terminal for large files; nothing when stderr is not one
+
     for path in files:
-        for i, row in enumerate(_read_table(path, prompt_key)):
+        rows = _read_table(path, prompt_key)
+        for i, row in enumerate(tqdm(rows, desc=f"tokenizing {path.name}", unit="prompt", disable=None,
+                                     leave=False)):
             text = render_prompt(row[prompt_key], tokenizer)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length:

@@ -7,11 +7,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.errors import ServiceUnavailable
+from rlfleet.rpc.request_id import RequestIdInterceptor
 from rlfleet.rpc.server import GRPC_OPTIONS
 
 
 def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    """Every call made on it carries a request id (see rlfleet.rpc.request_id)."""
+    return grpc.intercept_channel(grpc.insecure_channel(address, options=GRPC_OPTIONS), RequestIdInterceptor())
 
 
 def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2.0) -> str:

@@ -35,12 +35,14 @@ def prompts_from_proto(msg: rollout_pb2.GenerateRequest) -> list[t.PromptRequest
 
 def completion_to_proto(c: t.Completion) -> common_pb2.Completion:
     return common_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                                 policy_version=c.policy_version, text=c.text)
+                                 policy_version=c.policy_version, text=c.text,
+                                 last_policy_version=max(c.last_policy_version, c.policy_version))
 
 
 def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
     return t.Completion(token_ids=list(msg.token_ids), logprobs=list(msg.logprobs),
-                        finish_reason=msg.finish_reason, policy_version=msg.policy_version, text=msg.text)
+                        finish_reason=msg.finish_reason, policy_version=msg.policy_version, text=msg.text,
+                        last_policy_version=msg.last_policy_version)
 
 
 def group_to_proto(g: t.GroupResult) -> rollout_pb2.GroupResult:
@@ -88,7 +90,8 @@ def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
         expected_version=b.expected_version if b.expected_version >= 0 else None,
         samples=[learner_pb2.TrainSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids,
                                          behaviour_logprobs=s.behaviour_logprobs, advantage=s.advantage,
-                                         generation_version=s.generation_version) for s in b.samples])
+                                         generation_version=s.generation_version, reward=s.reward)
+                 for s in b.samples])
 
 
 def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
@@ -97,7 +100,8 @@ def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
         expected_version=msg.expected_version if msg.HasField("expected_version") else -1,
         samples=[t.TrainSample(prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids),
                                behaviour_logprobs=list(s.behaviour_logprobs), advantage=s.advantage,
-                               generation_version=s.generation_version) for s in msg.samples])
+                               generation_version=s.generation_version, reward=s.reward)
+                 for s in msg.samples])
 
 
 def status_to_proto(s: t.ServiceStatus) -> common_pb2.ServiceStatus:

@@ -16,37 +16,40 @@ import structlog
 import torch
 
 from rlfleet.config import JobConfig, ServiceEndpointConfig
-from rlfleet.logging import setup_logging
+from rlfleet.logging import set_log_fields, setup_logging
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.rpc.server import ServiceServer
 
 log = structlog.get_logger(__name__)
 
 
-def announce(run_dir: Path, role: str, address: str, metrics_port: int) -> Path:
+def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: str | None = None) -> Path:
     folder = run_dir / "services"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{role}.json"
+    path = folder / f"{name or role}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"role": role, "address": address, "metrics_port": metrics_port,
+    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address, "metrics_port": metrics_port,
                                "pid": os.getpid(), "started": time.time()}))
     os.replace(tmp, path)
     return path
 
 
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
-                add_fn: Callable, servicer: object, load: Callable[[], None]) -> None:
+                add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None) -> None:
     """`servicer` must have `attach(core)`; `load()` builds the core and attaches it."""
-    setup_logging(role, cfg.run.log_level, cfg.run.dir / "logs" / f"{role}.log")
+    name = name or role
+    setup_logging(name, cfg.run.log_level, cfg.run.dir / "logs" / f"{name}.log", run=cfg.run.name)
     if cfg.run.threads_per_service:
         torch.set_num_threads(cfg.run.threads_per_service)
     metrics: ServiceMetrics = servicer.metrics
+    if role != "reward":  # every line says which policy version the service holds when it is logged
+        set_log_fields(policy_version=metrics.policy_version_now)
     metrics_port = metrics.serve(endpoint.host, endpoint.metrics_port)
     server = ServiceServer(service_names, endpoint.host, endpoint.port)
     server.add(add_fn, servicer)
     server.install_signal_handlers()
     server.start()
-    announce(cfg.run.dir, role, server.address, metrics_port)
+    announce(cfg.run.dir, role, server.address, metrics_port, name)
     servicer.metrics_port = metrics_port
     log.info("loading", role=role, address=server.address, metrics_port=metrics_port)
     load()

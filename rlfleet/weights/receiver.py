@@ -17,6 +17,7 @@ import torch
 
 from rlfleet.errors import VersionMismatch, WeightSyncError
 from rlfleet.weights.group import WeightGroup
+from rlfleet.weights.naming import model_weights
 from rlfleet.weights.manifest import Manifest, checksum, dtype_from_name
 
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # refuse to allocate for a garbage length
@@ -73,8 +74,7 @@ def apply_to_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor], s
     untouched. With ``strict`` every parameter/buffer must be present and vice versa.
     Returns the names that were copied.
     """
-    targets: dict[str, torch.Tensor] = dict(module.named_parameters())
-    targets.update(module.named_buffers())
+    targets: dict[str, torch.Tensor] = dict(model_weights(module))
     if strict:
         missing = sorted(set(targets) - set(tensors))
         unexpected = sorted(set(tensors) - set(targets))

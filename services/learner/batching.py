@@ -19,6 +19,7 @@ class MicroBatch:
     response_mask_B_T: torch.Tensor  # 1 where the target is a response token
     behaviour_logprobs_B_T: torch.Tensor
     advantages_B: torch.Tensor
+    rewards_B: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +60,19 @@ def split_by_token_budget(samples: list[TrainSample], budget_tokens: int) -> lis
     return batches
 
 
+def split_mini_batches(samples: list[TrainSample], count: int) -> list[list[TrainSample]]:
+    """`count` contiguous, near-equal chunks (fewer when there are fewer samples); each is one
+    optimizer step. Contiguous keeps a group's samples together, as the controller ordered them."""
+    count = max(1, min(count, len(samples)))
+    size, extra = divmod(len(samples), count)
+    chunks, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(samples[start:end])
+        start = end
+    return chunks
+
+
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     B, L = len(samples), max(lengths)
@@ -74,7 +88,9 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> Mi
         response_mask[i, P - 1:P - 1 + R] = 1.0
         behaviour[i, P - 1:P - 1 + R] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     return MicroBatch(
         input_ids_B_L=input_ids.to(device), attention_mask_B_L=attention.to(device),
         targets_B_T=input_ids[:, 1:].to(device), response_mask_B_T=response_mask.to(device),
-        behaviour_logprobs_B_T=behaviour.to(device), advantages_B=advantages.to(device))
+        behaviour_logprobs_B_T=behaviour.to(device), advantages_B=advantages.to(device),
+        rewards_B=rewards.to(device))

@@ -32,7 +32,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     @rpc_method
     def Train(self, request, context):
-        result = self._ready().train(convert.train_batch_from_proto(request))
+        batch = convert.train_batch_from_proto(request)
+        with self.metrics.queued(len(batch.samples)):
+            result = self._ready().train(batch)
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
         self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
@@ -60,4 +62,5 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         return convert.status_to_proto(t.ServiceStatus(
             role=self.role, ready=learner is not None, policy_version=learner.version if learner else 0,
             in_flight=self.metrics.in_flight_now() - 1, last_error=self.last_error,
-            stats={"step": float(learner.step)} if learner else {}, metrics_port=self.metrics_port))
+            stats={**self.metrics.load_stats(), **({"step": float(learner.step)} if learner else {})},
+            metrics_port=self.metrics_port))

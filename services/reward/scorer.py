@@ -2,19 +2,43 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from rlfleet.errors import InvalidRequest
+from rlfleet.errors import InvalidRequest, RlfleetError
 from rlfleet.types import ScoreItem, ScoreResult
 from services.reward.registry import RewardFn, builtin_functions, load_function
 
 log = structlog.get_logger(__name__)
 
 
+class ScoringCancelled(RlfleetError, TimeoutError):
+    """The caller went away (deadline passed or call cancelled) before the batch was scored."""
+
+    grpc_code = "CANCELLED"
+
+
+def check_items(items: list[ScoreItem]) -> None:
+    """The request-level rules of the reward contract: non-empty, unique ids."""
+    seen: set[str] = set()
+    for item in items:
+        if not item.id:
+            raise InvalidRequest("a score item has an empty id")
+        if item.id in seen:
+            raise InvalidRequest(f"duplicate item id {item.id!r} in one score request")
+        seen.add(item.id)
+
+
 class RewardScorer:
-    def __init__(self, fn_spec: str = "auto"):
-        self._fixed: RewardFn | None = None if fn_spec == "auto" else load_function(fn_spec)
+    """`fn`: 'auto' (by data_source), a built-in name, 'pkg.module:function', or a callable."""
+
+    def __init__(self, fn: str | RewardFn = "auto", params: dict[str, Any] | None = None):
+        if callable(fn):
+            self._fixed: RewardFn | None = fn
+        else:
+            self._fixed = None if fn == "auto" else load_function(fn, params)
         self._by_source = builtin_functions()
 
     def function_for(self, data_source: str) -> RewardFn:
@@ -26,13 +50,15 @@ class RewardScorer:
                                  f"{sorted(self._by_source)} (or set reward.fn=pkg.module:function)")
         return fn
 
-    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
-        seen: set[str] = set()
+    def score(self, items: list[ScoreItem], active: Callable[[], bool] | None = None) -> list[ScoreResult]:
+        """`active()` is asked between items; when it says False the rest is not scored."""
+        check_items(items)
+        results = []
         for item in items:
-            if item.id in seen:
-                raise InvalidRequest(f"duplicate item id {item.id!r} in one score request")
-            seen.add(item.id)
-        return [self._score_one(item) for item in items]
+            if active is not None and not active():
+                raise ScoringCancelled(f"the caller left after {len(results)} of {len(items)} items")
+            results.append(self._score_one(item))
+        return results
 
     def _score_one(self, item: ScoreItem) -> ScoreResult:
         fn = self.function_for(item.data_source)

@@ -29,7 +29,9 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     def Score(self, request, context):
         if self.scorer is None:
             raise NotReady("reward service is still loading")
-        results = self.scorer.score(convert.score_items_from_proto(request))
+        items = convert.score_items_from_proto(request)
+        with self.metrics.queued(len(items)):
+            results = self.scorer.score(items, active=context.is_active)
         self.scored += len(results)
         return convert.score_results_to_proto(results)
 
@@ -37,4 +39,5 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     def GetStatus(self, request, context):
         return convert.status_to_proto(t.ServiceStatus(
             role=self.role, ready=self.scorer is not None, in_flight=self.metrics.in_flight_now() - 1,
-            last_error=self.last_error, stats={"scored": float(self.scored)}, metrics_port=self.metrics_port))
+            last_error=self.last_error, stats={"scored": float(self.scored), **self.metrics.load_stats()},
+            metrics_port=self.metrics_port))

@@ -1,36 +1,40 @@
-"""What every rollout backend implements. The servicer and the weight sync only see this."""
+"""What every rollout backend implements. The servicer only sees this."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
-import torch
-
 from rlfleet.types import GroupResult, PromptRequest, SamplingParams
 
 
 class RolloutEngine(ABC):
-    """Samples groups of completions and swaps in new weights atomically.
+    """Samples groups of completions and takes new weights from the learner's weight group.
 
-    `policy_version` is the version of the weights currently served; every
-    Completion carries the version that produced it.
+    `policy_version` is the version of the weights served now; every Completion
+    carries the versions that produced it.
     """
 
     policy_version: int = 0
+    #: ranks this engine occupies in the weight group (one per tensor-parallel worker)
+    weight_ranks: int = 1
 
     @abstractmethod
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         """Yields one GroupResult per prompt (in any order) as soon as it is complete."""
 
     @abstractmethod
-    def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Replaces the served weights; no generation step may see a mix of versions."""
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Joins the learner's weight group with ranks `rank .. rank + weight_ranks - 1`."""
 
     @abstractmethod
+    def pull_weights(self, version: int) -> dict[str, float]:
+        """Receives one broadcast and swaps it in; no generation step sees a mix of versions.
+        Returns `version`, `bytes` and `seconds`."""
+
     def weights_digest(self) -> str:
-        """rlfleet.weights.digest of the weights served now."""
+        """rlfleet.weights.digest of the served weights in the learner's naming, or "" if the
+        backend stores them differently (e.g. vLLM's fused layers)."""
+        return ""
 
-    @property
-    @abstractmethod
-    def device(self) -> torch.device:
-        """Where weight buffers should be received."""
+    def close(self) -> None:
+        """Releases the engine's resources."""

@@ -1,4 +1,4 @@
-"""Rollout gRPC servicer: converts and delegates to RolloutWorker."""
+"""Rollout gRPC servicer: converts and delegates to a RolloutEngine."""
 from __future__ import annotations
 
 from rlfleet import types as t
@@ -7,7 +7,7 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rpc import convert
 from rlfleet.rpc.errors import rpc_method
-from services.rollout.worker import RolloutWorker
+from services.rollout.engine import RolloutEngine
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["Rollout"].full_name
 
@@ -18,25 +18,28 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self) -> None:
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
-        self.worker: RolloutWorker | None = None
+        self.engine: RolloutEngine | None = None
         self.last_error = ""
 
-    def attach(self, worker: RolloutWorker) -> None:
-        self.worker = worker
-        self.metrics.policy_version.labels(self.role).set(worker.engine.policy_version)
+    def attach(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+        self.metrics.policy_version.labels(self.role).set(engine.policy_version)
 
-    def _ready(self) -> RolloutWorker:
-        if self.worker is None:
+    def _ready(self) -> RolloutEngine:
+        if self.engine is None:
             raise NotReady("rollout model is still loading")
-        return self.worker
+        return self.engine
 
     @rpc_method
     def Generate(self, request, context):
-        worker = self._ready()
+        engine = self._ready()
         params = convert.sampling_from_proto(request.params)
-        for group in worker.engine.generate(convert.prompts_from_proto(request), params):
-            self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
-            yield convert.group_to_proto(group)
+        prompts = convert.prompts_from_proto(request)
+        with self.metrics.queued(len(prompts)) as queue:
+            for group in engine.generate(prompts, params):
+                queue.done()
+                self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
+                yield convert.group_to_proto(group)
 
     @rpc_method
     def JoinWeightGroup(self, request, context):
@@ -46,7 +49,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     @rpc_method
     def PullWeights(self, request, context):
-        stats = self._ready().pull_weights(request.version, digest=request.digest)
+        engine = self._ready()
+        stats = engine.pull_weights(request.version)
+        if request.digest:
+            stats["digest"] = engine.weights_digest()
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         self.metrics.policy_version.labels(self.role).set(stats["version"])
         return rollout_pb2.PullWeightsResponse(version=int(stats["version"]), bytes=int(stats["bytes"]),
@@ -55,7 +61,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     @rpc_method
     def GetStatus(self, request, context):
         return convert.status_to_proto(t.ServiceStatus(
-            role=self.role, ready=self.worker is not None,
-            policy_version=self.worker.engine.policy_version if self.worker else 0,
+            role=self.role, ready=self.engine is not None,
+            policy_version=self.engine.policy_version if self.engine else 0,
             in_flight=self.metrics.in_flight_now() - 1,  # not counting this call
-            last_error=self.last_error, metrics_port=self.metrics_port))
+            last_error=self.last_error, stats={**self.metrics.load_stats(),
+                                                              "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)}, metrics_port=self.metrics_port))

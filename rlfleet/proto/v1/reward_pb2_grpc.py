@@ -51,16 +51,52 @@ class RewardServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Score(self, request, context):
-        """Scores a batch. The response holds exactly one result per item, in order,
-        with the same id. A sample that cannot be scored gets ok=false and an error
-        message; it is never silently given 0.
+        """Scores a batch.
+
+        Batching: the response holds exactly one result per item, in the order of
+        the items, each with its item's id. Items are independent: an item's score
+        must not depend on the other items of the batch or on how the client split
+        its work into calls. An empty batch gets an empty response. The client
+        chooses the batch size (reward.sources[].batch_size, 64 by default) and may
+        send several calls at once (max_concurrency, 4 by default).
+
+        Deadlines: every call carries a gRPC deadline (reward.sources[].timeout_s,
+        30 s by default). A server should stop work on a call whose deadline has
+        passed or that was cancelled (the client has given up on it); it must keep
+        serving other calls. The client retries a call that ended with
+        DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED or ABORTED (with
+        exponential backoff), so Score must be safe to repeat: scoring the same
+        items twice has no effect beyond the cost.
+
+        Errors, per item: an item the server cannot score (an unknown data_source,
+        a crashed scorer, a judge that did not answer) gets ok=false and a non-empty
+        error; its score is ignored. It is never to be given 0 or any stand-in
+        value: rlfleet leaves such a sample out of training and counts it, whereas
+        a 0 would teach the policy something false.
+
+        Errors, per call (a gRPC status instead of a response):
+        INVALID_ARGUMENT    the request breaks this contract: an empty or
+        duplicate id, extra_info_json that is not a JSON
+        object. Not retried; every item fails.
+        UNAVAILABLE         the server is starting, overloaded or shutting down.
+        Retried.
+        RESOURCE_EXHAUSTED  the batch is too large for the server right now.
+        Retried.
+        anything else       (INTERNAL, UNIMPLEMENTED, …) not retried; every item
+        fails with the status in its error.
+
+        A response with the wrong number of results, ids out of order, or ok=true
+        with a non-finite score breaks the contract: rlfleet fails those items with
+        an error saying so (nothing is silently dropped or repaired), logs it, and
+        counts it towards the source's circuit breaker.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Optional: what `rlfleet status` shows for the service.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

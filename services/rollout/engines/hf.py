@@ -16,8 +16,10 @@ from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
+from rlfleet.weights.naming import model_weights
 from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine
+from services.rollout.weight_sync import InProcessWeightSync
 
 
 class HFEngine(RolloutEngine):
@@ -33,10 +35,17 @@ class HFEngine(RolloutEngine):
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self._lock = threading.Lock()
         self.policy_version = 0
+        self._weights = InProcessWeightSync(device, self.apply_weights)
 
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        self._weights.join(address, rank, world_size, backend, timeout_s)
+
+    def pull_weights(self, version: int) -> dict[str, float]:
+        return self._weights.pull(version)
 
     def _eos_ids(self) -> list[int]:
         eos = self.model.generation_config.eos_token_id
@@ -113,9 +122,10 @@ class HFEngine(RolloutEngine):
 
     def weights_digest(self) -> str:
         with self._lock:
-            return weights_digest([*self.model.named_parameters(), *self.model.named_buffers()])
+            return weights_digest(model_weights(self.model))
 
     def apply_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Swaps in a complete set of weights between two generation chunks."""
         with self._lock:
             apply_to_module(self.model, tensors, strict=True)
             self.policy_version = version

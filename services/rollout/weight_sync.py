@@ -1,32 +1,38 @@
-"""Rollout core: an engine plus its membership in the learner's weight group."""
+"""Weight-group membership for engines whose model lives in this process (the HF backend).
+
+Receives a broadcast into staging buffers while generation goes on, then hands
+the complete set to `apply` (which swaps it in atomically).
+"""
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+
+import torch
 
 from rlfleet.devices import transfer_device
 from rlfleet.errors import NotReady, WeightSyncError
 from rlfleet.weights import WeightGroup, WeightReceiver
-from services.rollout.engine import RolloutEngine
 
 
-class RolloutWorker:
-    def __init__(self, engine: RolloutEngine):
-        self.engine = engine
+class InProcessWeightSync:
+    def __init__(self, device: torch.device, apply: Callable[[dict[str, torch.Tensor], int], None]):
+        self.device = device
+        self._apply = apply
         self._group: WeightGroup | None = None
         self._receiver: WeightReceiver | None = None
         self._lock = threading.Lock()  # one weight pull at a time
 
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
         with self._lock:
             if self._group is not None:
                 self._group.close()
             self._group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                           timeout_s=timeout_s,
-                                           device=transfer_device(backend, self.engine.device))
+                                           timeout_s=timeout_s, device=transfer_device(backend, self.device))
             self._receiver = WeightReceiver(self._group)
 
-    def pull_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+    def pull(self, version: int) -> dict[str, float]:
         """Receives the broadcast of `version` and swaps it in; generation keeps serving the old
         version until the swap, which waits for the chunk being generated."""
         with self._lock:
@@ -40,9 +46,5 @@ class RolloutWorker:
                 self._group.close()
                 self._group, self._receiver = None, None
                 raise
-            self.engine.apply_weights(received.tensors, received.version)
-            nbytes = sum(t.numel() * t.element_size() for t in received.tensors.values())
-            stats = {"version": received.version, "bytes": nbytes, "seconds": time.perf_counter() - start}
-            if digest:
-                stats["digest"] = self.engine.weights_digest()
-            return stats
+            self._apply(received.tensors, received.version)
+            return {"version": received.version, "bytes": received.nbytes, "seconds": time.perf_counter() - start}

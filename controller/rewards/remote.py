@@ -1,0 +1,158 @@
+"""Client of one reward server (an external one, or rlfleet's reward service) for `reward.sources`.
+
+A batch is split into calls of `batch_size` items, at most `max_concurrency` in
+flight. Each call has its own deadline (`timeout_s`). A call that fails
+transiently (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED) is
+retried up to `max_retries` times, after exponential backoff with jitter. Every
+failed call counts towards the circuit breaker; while it is open, calls fail at
+once. A reply that breaks the contract (wrong count, ids out of order, a
+non-finite score marked ok) is never retried: its items fail with an error that
+says so. Nothing here ever invents a score: every item the server did not score
+comes back ok=false with the reason.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.rewards.breaker import HALF_OPEN, CircuitBreaker
+from controller.rewards.stats import SourceStats
+from rlfleet.errors import ServiceUnavailable
+from rlfleet.proto.v1 import reward_pb2_grpc
+from rlfleet.reward_config import RewardSourceConfig
+from rlfleet.rpc import convert
+from rlfleet.rpc.server import GRPC_OPTIONS
+from rlfleet.types import ScoreItem, ScoreResult
+
+log = structlog.get_logger(__name__)
+
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
+
+
+def failed(items: list[ScoreItem], error: str) -> list[ScoreResult]:
+    return [ScoreResult(id=i.id, score=0.0, ok=False, error=error) for i in items]
+
+
+def check_reply(items: list[ScoreItem], results: list[ScoreResult]) -> str | None:
+    """What breaks the contract in a reply as a whole, or None."""
+    if len(results) != len(items):
+        return f"returned {len(results)} results for {len(items)} items"
+    for position, (item, result) in enumerate(zip(items, results)):
+        if result.id != item.id:
+            return f"result {position} has id {result.id!r}, expected {item.id!r} (results must keep item order)"
+    return None
+
+
+def wait_ready(channel: grpc.Channel, label: str, timeout_s: float, alive: Callable[[], bool]) -> None:
+    """Until grpc.health.v1 says SERVING; a server without the health service is taken as ready."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout_s
+    status = "UNREACHABLE"
+    while time.monotonic() < deadline and alive():
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            if status == "SERVING":
+                return
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.warning("reward server has no health service; assuming it is ready", source=label)
+                return
+            status = err.code().name
+        time.sleep(0.2)
+    raise ServiceUnavailable(f"{label} is not serving after {timeout_s:.0f}s (health: {status})")
+
+
+class RemoteSource:
+    def __init__(self, cfg: RewardSourceConfig, address: str, connect_timeout_s: float = 60.0,
+                 alive: Callable[[], bool] = lambda: True, wait: bool = True):
+        self.cfg, self.name, self.weight, self.address = cfg, cfg.name, cfg.weight, address
+        self.label = f"reward source {cfg.name!r} at {address}"
+        self.stats = SourceStats()
+        self.breaker = CircuitBreaker(cfg.circuit_failures, cfg.circuit_cooldown_s)
+        # gRPC's own reconnect backoff must not outlast ours: a server that is back is seen soon.
+        self.channel = grpc.insecure_channel(address, options=[
+            *GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000)])
+        self._stub = reward_pb2_grpc.RewardStub(self.channel)
+        self._pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix=f"reward-{cfg.name}")
+        if wait:
+            try:
+                wait_ready(self.channel, self.label, connect_timeout_s, alive)
+            except BaseException:
+                self.close()
+                raise
+
+    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        size = self.cfg.batch_size
+        chunks = [items[i:i + size] for i in range(0, len(items), size)]
+        self.stats.add(items=len(items))
+        results = [r for chunk in self._pool.map(self._call, chunks) for r in chunk]
+        self.stats.add(errors=sum(not r.ok for r in results))
+        return results
+
+    def _call(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        request = convert.score_items_to_proto(items)
+        attempts = self.cfg.max_retries + 1
+        for attempt in range(attempts):
+            state = self.breaker.allow()
+            if state is None:
+                self.stats.add(rejected=len(items))
+                return failed(items, f"{self.label}: circuit open after repeated failures, next probe in "
+                                     f"{self.breaker.retry_in_s():.1f}s")
+            started = time.monotonic()
+            try:
+                # A probe may wait for the channel to reconnect, within its deadline.
+                reply = self._stub.Score(request, timeout=self.cfg.timeout_s, wait_for_ready=state == HALF_OPEN)
+            except grpc.RpcError as err:
+                self.stats.call(time.monotonic() - started)
+                self.breaker.record_failure()
+                code = err.code()
+                if code in TRANSIENT and attempt + 1 < attempts:
+                    self.stats.add(retries=1)
+                    time.sleep(self._backoff(attempt))
+                    continue
+                detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                          else err.details())
+                log.warning("reward call failed", source=self.name, address=self.address, code=code.name,
+                            error=detail, attempts=attempt + 1)
+                return failed(items, f"{self.label}: Score failed with {code.name}: {detail} "
+                                     f"(after {attempt + 1} attempt{'s' if attempt else ''})")
+            self.stats.call(time.monotonic() - started)
+            return self._accept(items, convert.score_results_from_proto(reply))
+        raise AssertionError("unreachable")
+
+    def _accept(self, items: list[ScoreItem], results: list[ScoreResult]) -> list[ScoreResult]:
+        problem = check_reply(items, results)
+        if problem is not None:
+            self.breaker.record_failure()
+            log.error("reward server broke the contract", source=self.name, address=self.address, error=problem)
+            return failed(items, f"{self.label} broke the reward contract: {problem}")
+        self.breaker.record_success()
+        out = []
+        for r in results:
+            if r.ok and not math.isfinite(r.score):
+                log.error("reward server returned a non-finite score", source=self.name, item=r.id, score=r.score)
+                out.append(ScoreResult(r.id, 0.0, ok=False, error=f"{self.label} broke the reward contract: "
+                                       f"score {r.score} for an ok result"))
+            elif not r.ok:
+                out.append(ScoreResult(r.id, 0.0, ok=False, error=f"{self.label}: {r.error or 'not scored'}"))
+            else:
+                out.append(r)
+        return out
+
+    def _backoff(self, attempt: int) -> float:
+        delay = min(self.cfg.backoff_max_s, self.cfg.backoff_s * (2 ** attempt))
+        return delay * random.uniform(0.5, 1.0)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.channel.close()

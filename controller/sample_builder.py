@@ -1,0 +1,66 @@
+"""What the algorithm does in the controller: reward shaping, dynamic sampling, group advantages.
+
+* Overlong shaping (DAPO's soft overlong punishment): with ``L`` = rollout.max_new_tokens and
+  a buffer of ``c = overlong_buffer_ratio * L`` tokens, a response of length ``l`` gets
+  ``0`` if ``l <= L - c``, ``-penalty * (l - (L - c)) / c`` inside the buffer, and
+  ``-penalty`` at ``L`` (a truncated response). Added to the reward before advantages.
+* Dynamic sampling (DAPO): a group whose (shaped) rewards are all equal has zero advantage
+  everywhere and only dilutes the batch; the loop drops it and generates more.
+* Advantages: the registered group estimator, over the shaped rewards.
+"""
+from __future__ import annotations
+
+import statistics
+
+from controller.estimators import GROUP_ESTIMATORS
+from controller.groups import ScoredGroup
+from rlfleet.algorithm import AlgorithmConfig
+from rlfleet.types import TrainSample
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer_tokens: float, penalty: float) -> float:
+    """DAPO's soft overlong punishment (<= 0); a zero-width buffer disables it."""
+    if buffer_tokens <= 0:
+        return 0.0
+    start = max_tokens - buffer_tokens
+    if length <= start:
+        return 0.0
+    return -penalty * min(length - start, buffer_tokens) / buffer_tokens
+
+
+class SampleBuilder:
+    def __init__(self, algo: AlgorithmConfig, max_new_tokens: int) -> None:
+        self.algo = algo
+        self.max_new_tokens = max_new_tokens
+        self.buffer_tokens = algo.overlong_buffer_ratio * max_new_tokens
+        self.estimator = GROUP_ESTIMATORS.get(algo.advantage)
+
+    def shaped_rewards(self, group: ScoredGroup) -> list[float]:
+        """One reward per scored completion: the score plus the overlong penalty."""
+        return [score + overlong_penalty(len(c.token_ids), self.max_new_tokens, self.buffer_tokens,
+                                         self.algo.overlong_penalty)
+                for c, score in group.scored()]
+
+    def keep(self, group: ScoredGroup) -> bool:
+        """False for a group dynamic sampling drops: its rewards carry no signal."""
+        if not self.algo.dynamic_sampling:
+            return True
+        rewards = self.shaped_rewards(group)
+        return any(r != rewards[0] for r in rewards)
+
+    def filter_limit(self, batch_groups: int) -> int | None:
+        """Groups dynamic sampling may drop in one step before giving up (verl's
+        max_num_gen_batches, in batches of `batch_groups`); None: no limit."""
+        return None if self.algo.max_gen_batches == 0 else self.algo.max_gen_batches * batch_groups
+
+    def build(self, groups: list[ScoredGroup]) -> tuple[list[TrainSample], dict[str, float]]:
+        samples: list[TrainSample] = []
+        penalties: list[float] = []
+        for g in groups:
+            rewards = self.shaped_rewards(g)
+            penalties += [r - score for r, (_, score) in zip(rewards, g.scored())]
+            samples += g.train_samples(self.estimator, rewards)
+        metrics = {"reward/shaped_mean": statistics.fmean(s.reward for s in samples) if samples else 0.0}
+        if self.buffer_tokens > 0:
+            metrics["reward/overlong_penalty_mean"] = statistics.fmean(penalties) if penalties else 0.0
+        return samples, metrics

@@ -1,0 +1,105 @@
+"""`rlfleet data gsm8k|jsonl|digits-reverse`: write Parquet files in the verl schema."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlfleet.errors import ConfigError, DataError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="prepare Parquet datasets in the verl schema")
+    kinds = data.add_subparsers(dest="kind", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--input", "-i", required=True, help="JSONL file, one record per line")
+        p.add_argument("--output", "-o", required=True, help="Parquet file to write")
+        p.add_argument("--split", default="train", help="stored in extra_info.split (default: train)")
+        p.add_argument(
+            "--model",
+            help="model folder (or builtin:tiny) whose tokenizer and chat template "
+            "measure prompt lengths; without it lengths are checked at training time only",
+        )
+        p.add_argument(
+            "--max-prompt-length",
+            type=int,
+            default=512,
+            help="with --model: prompts longer than this many tokens are left out and counted",
+        )
+
+    gsm8k = kinds.add_parser("gsm8k", help="GSM8K JSONL ({question, answer with '#### N'})")
+    common(gsm8k)
+    gsm8k.add_argument(
+        "--instruction",
+        default=None,
+        help="text appended to each question (default: verl's 'think step by step' line; '' for none)",
+    )
+    jsonl = kinds.add_parser("jsonl", help="any JSONL: name the prompt and answer fields")
+    common(jsonl)
+    jsonl.add_argument("--prompt-key", required=True, help="field holding the prompt (text or chat messages)")
+    jsonl.add_argument("--answer-key", required=True, help="field holding the ground truth")
+    jsonl.add_argument(
+        "--data-source",
+        default=None,
+        help="data_source of every row; picks the reward function (default: the input's name)",
+    )
+    jsonl.add_argument("--ability", default="general")
+    jsonl.add_argument("--instruction", default="", help="text appended to each prompt")
+    digits = kinds.add_parser("digits-reverse", help="the built-in task of the embedded default job")
+    digits.add_argument("--output", "-o", required=True)
+    digits.add_argument("--size", type=int, default=256)
+    digits.add_argument("--split", default="test")
+    digits.add_argument("--seed", type=int, default=0)
+
+
+def _length_filter(rows: list[dict], args: argparse.Namespace) -> tuple[list[dict], str]:
+    if args.model is None:
+        return rows, "prompt lengths not checked (pass --model to filter them now; training filters them too)"
+    if args.max_prompt_length < 1:
+        raise ConfigError(f"--max-prompt-length must be at least 1, not {args.max_prompt_length}")
+    from transformers import AutoTokenizer
+
+    from rlfleet.data.convert import filter_by_length
+    from rlfleet.models.resolve import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.model))
+    kept, dropped = filter_by_length(rows, tokenizer, args.max_prompt_length)
+    if not kept:
+        raise DataError(
+            f"all {len(rows)} prompts of {args.input} are longer than --max-prompt-length="
+            f"{args.max_prompt_length} tokens; nothing written"
+        )
+    return kept, f"{dropped} of {len(rows)} prompts longer than {args.max_prompt_length} tokens left out"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlfleet.data import convert
+
+    if args.kind == "digits-reverse":
+        from rlfleet.data.tasks import write_parquet
+
+        if args.size < 1:
+            raise ConfigError(f"--size must be at least 1, not {args.size}")
+        path = write_parquet(args.output, args.size, args.seed, args.split)
+        print(f"rlfleet: wrote {args.size} rows to {path}")
+        return 0
+    records = convert.read_jsonl(args.input)
+    if args.kind == "gsm8k":
+        instruction = convert.GSM8K_INSTRUCTION if args.instruction is None else args.instruction
+        rows = convert.gsm8k_rows(records, args.input, args.split, instruction)
+    else:
+        rows = convert.jsonl_rows(
+            records,
+            args.input,
+            args.prompt_key,
+            args.answer_key,
+            args.data_source or Path(args.input).stem,
+            args.ability,
+            args.split,
+            args.instruction,
+        )
+    rows, note = _length_filter(rows, args)
+    path = convert.write_rows(rows, args.output)
+    print(f"rlfleet: wrote {len(rows)} rows to {path}; {note}")
+    return 0

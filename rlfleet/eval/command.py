@@ -1,0 +1,188 @@
+"""`rlfleet eval`: a model folder or checkpoint, in this process, on Parquet prompts.
+
+Generation uses the rollout's HF engine and scoring the reward service's scorer,
+both in-process, so the numbers match what training logs as `val/...`.
+Options not given on the command line come from the job config (`--config`
+and dotted overrides): `model.dtype`, `rollout.device|top_p|top_k|stop|
+max_new_tokens|max_batch_sequences`, `data.prompt_key|max_prompt_length`,
+`reward.fn`, `run.seed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rlfleet.config import BUILTIN_MODEL
+from rlfleet.errors import ConfigError
+from rlfleet.eval.scoring import CORRECT_AT
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a model or checkpoint on Parquet prompts: accuracy, pass@k")
+    p.add_argument(
+        "--model",
+        "-m",
+        help="HF model folder, checkpoint (checkpoints/step_N), run folder "
+        "(its latest checkpoint) or builtin:tiny; default: model.path of the config",
+    )
+    p.add_argument(
+        "--data",
+        "-d",
+        action="append",
+        help="Parquet file in the verl schema (repeat for several); default: data.val_files",
+    )
+    p.add_argument(
+        "--n", type=int, default=1, help="samples per prompt (default 1: greedy); n > 1 gives pass@k"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="default: 0 (greedy) for n = 1, rollout.temperature for n > 1",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: rollout.max_new_tokens")
+    p.add_argument(
+        "--correct-at",
+        type=float,
+        default=CORRECT_AT,
+        help="a sample is correct when its reward is at least this (default 1.0)",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        default="eval_report.json",
+        help="JSON report; samples go to <stem>.samples.jsonl beside it",
+    )
+    p.add_argument("--config", "-c", help="job YAML file for the other settings")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+
+
+def resolve_eval_model(spec: str) -> Path:
+    """A model folder as is; a checkpoints folder or run folder -> its latest complete checkpoint."""
+    from rlfleet.models.resolve import resolve_model_path
+
+    if spec == BUILTIN_MODEL:
+        return resolve_model_path(spec)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ConfigError(f"--model {spec}: no such file or folder")
+    if (path / "config.json").is_file():
+        return path
+    from services.learner.checkpoint import latest_checkpoint
+
+    for root in (path / "checkpoints", path):
+        found = latest_checkpoint(root) if root.is_dir() else None
+        if found is not None:
+            return found
+    raise ConfigError(
+        f"--model {spec}: not a model folder (no config.json), a checkpoint or a run folder "
+        f"with checkpoints/step_N"
+    )
+
+
+def _sampling(args: argparse.Namespace, cfg):
+    from rlfleet.types import SamplingParams
+
+    if args.n < 1:
+        raise ConfigError(f"--n must be at least 1, not {args.n}")
+    temperature = args.temperature
+    if temperature is None:
+        temperature = 0.0 if args.n == 1 else cfg.rollout.temperature
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, not {temperature}")
+    if args.n > 1 and temperature == 0:
+        raise ConfigError(
+            "--n > 1 with greedy decoding (temperature 0) gives n identical samples; "
+            "set --temperature > 0 for pass@k"
+        )
+    max_new = args.max_new_tokens or cfg.rollout.max_new_tokens
+    return SamplingParams(
+        n=args.n,
+        temperature=temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        max_new_tokens=max_new,
+        stop=tuple(cfg.rollout.stop),
+        seed=cfg.run.seed,
+    )
+
+
+def reward_scorer(cfg):
+    """What training scores with: `reward.sources` combined (sources that use the reward service need
+    `reward.address`), else the reward service's own core (`reward.model.path`, or `reward.fn`) in-process."""
+    if cfg.reward.sources:
+        from controller.rewards import make_reward_client
+
+        addresses = {"reward": cfg.reward.address} if cfg.reward.address else {}
+        return make_reward_client(
+            cfg, addresses, cfg.controller.rpc_timeout_s, cfg.controller.connect_timeout_s
+        )
+    from services.reward.build import build_scorer
+
+    return build_scorer(cfg.reward)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlfleet.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    files = args.data or cfg.data.val_files
+    if not files:
+        raise ConfigError("rlfleet eval needs --data FILE.parquet (or data.val_files in the config)")
+    params = _sampling(args, cfg)  # bad options fail before the slow imports and the model load
+    model_path = resolve_eval_model(args.model or cfg.model.path)
+
+    from rlfleet.data.prompts import load_prompts
+    from rlfleet.devices import resolve_device, resolve_dtype
+    from rlfleet.eval.report import format_table, write_report
+    from rlfleet.eval.runner import run_eval
+    from rlfleet.eval.scoring import summarize
+    from services.rollout.engines.hf import HFEngine
+
+    scorer = reward_scorer(cfg)  # a bad reward.fn fails before the policy loads
+    try:
+        device = resolve_device(cfg.rollout.device)
+        engine = HFEngine(
+            model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences
+        )
+        prompts, too_long = load_prompts(
+            [Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length
+        )
+        if too_long:
+            print(
+                f"rlfleet: {too_long} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} "
+                f"tokens left out"
+            )
+        start = time.perf_counter()
+        samples = run_eval(
+            prompts,
+            engine.generate,
+            scorer.score,
+            params,
+            prompts_per_request=max(1, cfg.rollout.max_batch_sequences // params.n),
+            progress=True,
+        )
+    finally:
+        if hasattr(scorer, "close"):
+            scorer.close()
+    summary = summarize(samples, params.n, args.correct_at)
+    meta = {
+        "model": str(model_path),
+        "data": [str(f) for f in files],
+        "filtered_too_long": too_long,
+        "params": {
+            "n": params.n,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "max_new_tokens": params.max_new_tokens,
+            "seed": params.seed,
+        },
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    report, samples_path = write_report(args.output, summary, samples, meta)
+    print(format_table(summary))
+    print(f"rlfleet: report {report}, samples {samples_path}")
+    return 0

@@ -1,0 +1,88 @@
+"""Generate and score a prompt set with any generate/score pair.
+
+`generate(prompts, params)` and `score(items)` have the signatures of both the
+in-process cores (`HFEngine.generate`, `RewardScorer.score`) and the service
+clients (`RolloutClient.generate`, `RewardClient.score`), so `rlfleet eval` and
+the controller's periodic validation share this code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from rlfleet.data.prompts import Prompt
+from rlfleet.errors import RlfleetError
+from rlfleet.eval.scoring import EvalSample
+from rlfleet.types import GroupResult, PromptRequest, SamplingParams, ScoreItem, ScoreResult
+
+GenerateFn = Callable[[list[PromptRequest], SamplingParams], Iterator[GroupResult]]
+ScoreFn = Callable[[list[ScoreItem]], list[ScoreResult]]
+
+
+def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[EvalSample]:
+    items = [
+        ScoreItem(
+            id=f"{group.request_id}/{i}",
+            data_source=prompt.data_source,
+            prompt=prompt.text,
+            response=c.text,
+            ground_truth=prompt.ground_truth,
+            extra_info=prompt.extra_info,
+        )
+        for i, c in enumerate(group.completions)
+    ]
+    results = score(items)
+    return [
+        EvalSample(
+            prompt_index=prompt.index,
+            data_source=prompt.data_source,
+            sample=i,
+            prompt=prompt.text,
+            response=c.text,
+            ground_truth=prompt.ground_truth,
+            length=len(c.token_ids),
+            finish_reason=c.finish_reason,
+            policy_version=c.policy_version,
+            reward=r.score if r.ok else None,
+            error=r.error,
+        )
+        for i, (c, r) in enumerate(zip(group.completions, results))
+    ]
+
+
+def run_eval(
+    prompts: list[Prompt],
+    generate: GenerateFn,
+    score: ScoreFn,
+    params: SamplingParams,
+    prompts_per_request: int = 32,
+    progress: bool = False,
+) -> list[EvalSample]:
+    """Every prompt's n samples, scored, in prompt order."""
+    from tqdm import tqdm
+
+    samples: list[EvalSample] = []
+    bar = tqdm(
+        total=len(prompts), desc="eval", unit="prompt", disable=None if progress else True, leave=False
+    )
+    try:
+        for start in range(0, len(prompts), prompts_per_request):
+            chunk = {f"eval-{p.index}": p for p in prompts[start : start + prompts_per_request]}
+            requests = [PromptRequest(rid, p.prompt_ids) for rid, p in chunk.items()]
+            seen = set()
+            for group in generate(requests, params):
+                prompt = chunk.get(group.request_id)
+                if prompt is None or group.request_id in seen:
+                    raise RlfleetError(f"generation returned an unexpected group {group.request_id!r}")
+                seen.add(group.request_id)
+                samples.extend(_score_group(prompt, group, score))
+                bar.update(1)
+            if len(seen) != len(chunk):
+                missing = sorted(set(chunk) - seen)[:3]
+                raise RlfleetError(
+                    f"generation returned {len(seen)} of {len(chunk)} groups (missing {missing})"
+                )
+    finally:
+        bar.close()
+    samples.sort(key=lambda s: (s.prompt_index, s.sample))
+    return samples

@@ -1,0 +1,110 @@
+"""Pure aggregation of scored evaluation samples: accuracy, pass@k, mean length.
+
+A sample is *correct* when its reward reaches `correct_at` (1.0, the full score,
+by default: an exact GSM8K answer or an exactly reversed digit string). A sample
+whose reward could not be computed is counted under `reward_failed` and left out
+of every mean; it is never scored 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+CORRECT_AT = 1.0
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    prompt_index: int
+    data_source: str
+    sample: int  # index within the prompt's n samples
+    prompt: str
+    response: str
+    ground_truth: str
+    length: int  # response tokens
+    finish_reason: str
+    policy_version: int
+    reward: float | None  # None: the reward could not be computed
+    error: str = ""
+
+    def correct(self, correct_at: float = CORRECT_AT) -> bool:
+        return self.reward is not None and self.reward >= correct_at
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of P(at least one of k samples is correct) from n samples with c correct:
+    1 - C(n-c, k) / C(n, k), computed as a product so large n does not overflow."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    ks = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def _summarize_group(samples: list[EvalSample], ks: list[int], correct_at: float) -> dict[str, Any]:
+    scored = [s for s in samples if s.reward is not None]
+    by_prompt: dict[int, list[EvalSample]] = defaultdict(list)
+    for s in scored:
+        by_prompt[s.prompt_index].append(s)
+    summary: dict[str, Any] = {
+        "prompts": len({s.prompt_index for s in samples}),
+        "samples": len(samples),
+        "reward_failed": len(samples) - len(scored),
+        "accuracy": (sum(s.correct(correct_at) for s in scored) / len(scored)) if scored else None,
+        "reward_mean": (sum(s.reward for s in scored) / len(scored)) if scored else None,
+        "response_length_mean": (sum(s.length for s in samples) / len(samples)) if samples else None,
+    }
+    for k in ks:
+        estimates = [
+            pass_at_k(len(group), sum(s.correct(correct_at) for s in group), k)
+            for group in by_prompt.values()
+            if len(group) >= k
+        ]
+        summary[f"pass@{k}"] = sum(estimates) / len(estimates) if estimates else None
+    return summary
+
+
+def summarize(samples: list[EvalSample], n: int, correct_at: float = CORRECT_AT) -> dict[str, Any]:
+    """{"by_source": {data_source: summary}, "overall": summary} with pass@k for k in default_ks(n)."""
+    ks = default_ks(n)
+    by_source: dict[str, list[EvalSample]] = defaultdict(list)
+    for s in samples:
+        by_source[s.data_source].append(s)
+    return {
+        "by_source": {
+            src: _summarize_group(group, ks, correct_at) for src, group in sorted(by_source.items())
+        },
+        "overall": _summarize_group(samples, ks, correct_at),
+        "ks": ks,
+        "correct_at": correct_at,
+    }
+
+
+def flat_metrics(summary: dict[str, Any], prefix: str = "val") -> dict[str, float]:
+    """Metric lines for metrics.jsonl: `val/<data_source>/accuracy`, `.../reward/mean`,
+    `.../response_length/mean`, `.../pass@k` (k > 1), and the same over all sources as `val/...`."""
+    out: dict[str, float] = {}
+    groups = [(f"{prefix}/{src}", s) for src, s in summary["by_source"].items()]
+    groups.append((prefix, summary["overall"]))
+    for name, s in groups:
+        for key, value in (
+            ("accuracy", s["accuracy"]),
+            ("reward/mean", s["reward_mean"]),
+            ("response_length/mean", s["response_length_mean"]),
+            ("reward_failed", float(s["reward_failed"])),
+        ):
+            if value is not None:
+                out[f"{name}/{key}"] = float(value)
+        for k in summary["ks"]:
+            if k > 1 and s.get(f"pass@{k}") is not None:
+                out[f"{name}/pass@{k}"] = float(s[f"pass@{k}"])
+    return out

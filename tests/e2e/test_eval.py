@@ -1,0 +1,84 @@
+"""`rlfleet eval` on the embedded tiny model: the reported accuracy matches a count made by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlfleet.data.tasks import make_rows
+from tests.e2e.conftest import rlfleet
+
+pytestmark = pytest.mark.e2e
+
+# Greedy decoding of the embedded tiny model reverses these 12 held-out digit strings exactly (it was
+# checked on the first 40 rows of this split: 40 of 40). Rows 1, 4, 7 and 10 get a deliberately wrong
+# ground truth of 10 digits: with max_new_tokens=8 and one token per digit no answer can match it.
+CORRUPTED = {1, 4, 7, 10}
+IMPOSSIBLE = "9" * 10
+
+
+def fixture_rows() -> list[dict]:
+    rows = make_rows(12, seed=0, split="test")
+    for i in CORRUPTED:
+        rows[i]["reward_model"] = {"style": "rule", "ground_truth": IMPOSSIBLE}
+    return rows
+
+
+def test_eval_accuracy_matches_a_hand_count(tmp_path):
+    rows = fixture_rows()
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    report = tmp_path / "report.json"
+    proc = rlfleet(
+        "eval",
+        "--model",
+        "builtin:tiny",
+        "--data",
+        str(data),
+        "--output",
+        str(report),
+        "rollout.max_new_tokens=8",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(report.read_text())
+    # by hand: 12 prompts, 4 impossible, 8 the model answers exactly -> 8/12
+    expected = 8 / 12
+    ours = result["by_source"]["digits_reverse"]
+    assert (ours["prompts"], ours["samples"], ours["reward_failed"]) == (12, 12, 0)
+    assert ours["accuracy"] == pytest.approx(expected)
+    assert ours["pass@1"] == pytest.approx(expected)
+    assert result["params"]["temperature"] == 0.0 and result["params"]["n"] == 1
+    samples = [json.loads(x) for x in (tmp_path / "report.samples.jsonl").read_text().splitlines()]
+    assert [s["correct"] for s in samples] == [i not in CORRUPTED for i in range(12)]
+    for s, row in zip(samples, rows):
+        if s["correct"]:
+            assert s["response"].strip() == row["reward_model"]["ground_truth"]
+    # the readable table says the same
+    table = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
+    assert table["digits_reverse"][1:4] == ["12", "12", f"{expected:.4f}"]
+
+
+def test_eval_bad_input_is_one_clear_line(tmp_path):
+    proc = rlfleet(
+        "eval", "--model", str(tmp_path / "nowhere"), "--data", str(tmp_path / "x.parquet"), timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--model" in proc.stderr and "nowhere" in proc.stderr and "no such file or folder" in proc.stderr
+    proc = rlfleet(
+        "eval",
+        "--model",
+        "builtin:tiny",
+        "--data",
+        str(tmp_path / "x.parquet"),
+        "--n",
+        "4",
+        "--temperature",
+        "0",
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "n identical samples" in proc.stderr
