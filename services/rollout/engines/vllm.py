@@ -72,12 +72,13 @@ class VLLMEngine(RolloutEngine):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     # ---- generation -----------------------------------------------------------------------
-    def _sampling(self, params: SamplingParams) -> Any:
+    def _sampling(self, params: SamplingParams, index: int) -> Any:
         greedy = params.temperature == 0
         return self._vllm.SamplingParams(
-            n=params.n, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
+            n=1, temperature=params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0 if greedy else params.top_k, max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None, logprobs=0, seed=params.seed)
+            stop=list(params.stop) or None, logprobs=0,
+            seed=None if params.seed is None else params.seed + index)  # distinct samples under one seed
 
     def _validate(self, prompts: list[PromptRequest], params: SamplingParams) -> None:
         if not prompts:
@@ -93,8 +94,7 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         self._validate(prompts, params)
-        sampling = self._sampling(params)
-        futures = [asyncio.run_coroutine_threadsafe(self._generate_group(p, sampling), self._loop) for p in prompts]
+        futures = [asyncio.run_coroutine_threadsafe(self._generate_group(p, params), self._loop) for p in prompts]
         try:
             for future in concurrent.futures.as_completed(futures):
                 yield future.result()
@@ -102,21 +102,28 @@ class VLLMEngine(RolloutEngine):
             for future in futures:
                 future.cancel()
 
-    async def _generate_group(self, prompt: PromptRequest, sampling: Any) -> GroupResult:
+    async def _generate_group(self, prompt: PromptRequest, params: SamplingParams) -> GroupResult:
+        # One vLLM request per sample rather than vLLM's own n-way fan-out: with in-flight
+        # updates (pause "keep") vLLM 0.32 returned groups short of some samples (measured: 270
+        # of 384), and a short group must not pass silently.
+        completions = await asyncio.gather(*(self._generate_one(prompt, params, i) for i in range(params.n)))
+        return GroupResult(request_id=prompt.request_id, completions=list(completions))
+
+    async def _generate_one(self, prompt: PromptRequest, params: SamplingParams, index: int) -> Completion:
+        sampling = self._sampling(params, index)
         first_version = self.policy_version
         final = None
-        request_id = f"{prompt.request_id}-{uuid.uuid4().hex[:8]}"
+        request_id = f"{prompt.request_id}-{index}-{uuid.uuid4().hex[:8]}"
         async for output in self.engine.generate({"prompt_token_ids": prompt.prompt_ids}, sampling, request_id):
             final = output
-        last_version = self.policy_version
-        completions = []
-        for out in final.outputs:
-            ids = list(out.token_ids)
-            logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
-            completions.append(Completion(
-                token_ids=ids, logprobs=logprobs, finish_reason="stop" if out.finish_reason == "stop" else "length",
-                policy_version=first_version, last_policy_version=last_version, text=out.text))
-        return GroupResult(request_id=prompt.request_id, completions=completions)
+        if final is None or len(final.outputs) != 1 or final.outputs[0].finish_reason not in ("stop", "length"):
+            reason = final.outputs[0].finish_reason if final and final.outputs else "no output"
+            raise RuntimeError(f"vLLM request {request_id} ended without a completion ({reason})")
+        out = final.outputs[0]
+        ids = list(out.token_ids)
+        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=out.finish_reason,
+                          policy_version=first_version, last_policy_version=self.policy_version, text=out.text)
 
     # ---- weights --------------------------------------------------------------------------
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
