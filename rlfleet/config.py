@@ -115,6 +115,8 @@ class LearnerConfig(ServiceEndpointConfig):
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
     weight_backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="weight-sync transport; auto picks NCCL when the learner has a GPU of its own")
+    weight_checksums: Literal["auto", "on", "off"] = Field(
+        "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL")
     weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
     weight_sync_timeout_s: float = Field(120.0, gt=0.0)
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "

@@ -39,6 +39,13 @@ def weight_backend(spec: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" and torch.cuda.device_count() > 1 else "gloo"
 
 
+def weight_checksums(spec: str, backend: str) -> bool:
+    """`auto`: per-bucket checksums over gloo only. NCCL moves buckets between GPUs over links
+    with their own integrity checks, and on the GPU the checksum passes cost several times the
+    wire time (bench/weight_sync.py)."""
+    return spec == "on" or (spec == "auto" and backend == "gloo")
+
+
 def transfer_device(backend: str, device: torch.device) -> torch.device:
     """Where weight buckets live during a transfer: the GPU for NCCL, host memory for gloo."""
     return device if backend == "nccl" else torch.device("cpu")

@@ -13,6 +13,8 @@ all ranks, with the timeout, and names the ranks that never showed up.
 """
 from __future__ import annotations
 
+from typing import NoReturn
+
 import time
 from datetime import timedelta
 
@@ -130,6 +132,10 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast ``tensor`` in place from rank 0; raise WeightSyncError after the timeout."""
+        self.finish(self.start_broadcast(tensor))
+
+    def start_broadcast(self, tensor: torch.Tensor) -> dist.Work:
+        """Issues a broadcast without waiting, so several can be in flight (finish() each, in order)."""
         if self._pg is None:
             if self._broken is not None:
                 raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new generation")
@@ -139,17 +145,27 @@ class WeightGroup:
         opts.rootRank, opts.rootTensor = 0, 0
         opts.timeout = timedelta(seconds=self.timeout_s)
         try:
-            work = self._pg.broadcast([tensor], opts)
+            return self._pg.broadcast([tensor], opts)
+        except Exception as e:
+            self._fail(e)
+
+    def finish(self, work: dist.Work) -> None:
+        """Waits for a broadcast issued by start_broadcast(); WeightSyncError after the timeout."""
+        try:
             if self.backend == "gloo":
                 work.wait(timedelta(seconds=self.timeout_s))  # gloo honours the timeout itself
             else:
                 self._poll(work)
         except Exception as e:
-            self._broken = f"{type(e).__name__}: {e}"
-            self._drop(abort=True)
-            if isinstance(e, WeightSyncError):
-                raise
-            raise WeightSyncError(f"weight broadcast failed on rank {self.rank}: {e}") from e
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> NoReturn:
+        """Marks the group broken (every rank must reconnect) and raises WeightSyncError."""
+        self._broken = f"{type(e).__name__}: {e}"
+        self._drop(abort=True)
+        if isinstance(e, WeightSyncError):
+            raise e
+        raise WeightSyncError(f"weight broadcast failed on rank {self.rank}: {e}") from e
 
     def _poll(self, work: dist.Work) -> None:
         """NCCL's ``wait()`` only orders streams; poll completion on the CPU with a deadline."""

@@ -52,14 +52,18 @@ class WeightReceiver:
         self.group.broadcast(raw)
         manifest = Manifest.from_bytes(raw.cpu().numpy().tobytes())
         buckets: list[torch.Tensor] = []
-        for spec in manifest.buckets:
+        works = []
+        for spec in manifest.buckets:  # all receives issued at once; they complete in order
             buf = torch.empty(spec.nbytes, dtype=torch.uint8, device=device)
             if spec.nbytes:
-                self.group.broadcast(buf)
+                works.append(self.group.start_broadcast(buf))
             buckets.append(buf.view(dtype_from_name(spec.dtype)))
+        for work in works:
+            self.group.finish(work)
         if expected_version is not None and manifest.version != expected_version:
             raise VersionMismatch(f"expected weights version {expected_version}, learner sent {manifest.version}")
-        bad = [i for i, (spec, buf) in enumerate(zip(manifest.buckets, buckets)) if checksum(buf) != spec.checksum]
+        bad = [i for i, (spec, buf) in enumerate(zip(manifest.buckets, buckets))
+               if spec.checksum and checksum(buf) != spec.checksum]
         if bad:
             detail = ", ".join(f"bucket {i} ({manifest.buckets[i].dtype}, {manifest.buckets[i].nbytes} B)" for i in bad)
             raise WeightSyncError(f"weights version {manifest.version}: checksum mismatch in {detail}")

@@ -21,13 +21,16 @@ from rlfleet.weights.manifest import (DEFAULT_BUCKET_BYTES, BucketSpec, Manifest
 class WeightSender:
     """Pushes named tensors from rank 0 to every other rank of a WeightGroup."""
 
-    def __init__(self, group: WeightGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(self, group: WeightGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksums: bool = True) -> None:
         if group.rank != 0:
             raise ValueError(f"WeightSender must run on rank 0, this group is rank {group.rank}")
         if bucket_bytes <= 0:
             raise ValueError("bucket_bytes must be positive")
         self.group = group
         self.bucket_bytes = bucket_bytes
+        # Checksums cost a second packing pass and a pass over every bucket on each side; they
+        # guard transports without integrity of their own (see rlfleet.devices.weight_checksums).
+        self.checksums = checksums
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
         """Send one consistent snapshot; returns stats (bytes, buckets, tensors, seconds).
@@ -43,6 +46,9 @@ class WeightSender:
         for i, entry in enumerate(manifest.entries):
             by_bucket[entry.bucket].append(i)
         for b, spec in enumerate(manifest.buckets):
+            if not self.checksums:
+                manifest.buckets[b] = BucketSpec(spec.dtype, spec.numel, ())
+                continue
             flat = self._pack(manifest, b, by_bucket[b], tensors)
             manifest.buckets[b] = BucketSpec(spec.dtype, spec.numel, checksum(flat))
             del flat
@@ -51,12 +57,17 @@ class WeightSender:
         device = self.group.device
         self.group.broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=device))
         self.group.broadcast(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device))
+        # Double buffering: bucket b+1 is packed while bucket b is on the wire.
+        in_flight: list[tuple[torch.distributed.Work, torch.Tensor]] = []
         for b, spec in enumerate(manifest.buckets):
             if spec.numel == 0:
                 continue  # both sides skip empty buckets; collectives of 0 bytes are backend-dependent
             flat = self._pack(manifest, b, by_bucket[b], tensors)
-            self.group.broadcast(flat.view(torch.uint8))
-            del flat
+            in_flight.append((self.group.start_broadcast(flat.view(torch.uint8)), flat))
+            if len(in_flight) > 1:
+                self.group.finish(in_flight.pop(0)[0])
+        for work, _ in in_flight:
+            self.group.finish(work)
         return {
             "version": version,
             "bytes": manifest.total_bytes,

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.algorithm import AlgorithmConfig
 from rlfleet.config import LearnerConfig
-from rlfleet.devices import transfer_device, weight_backend
+from rlfleet.devices import transfer_device, weight_backend, weight_checksums
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
@@ -79,7 +79,8 @@ class Learner:
             backend = weight_backend(self.cfg.weight_backend, self.device)
             self._group = WeightGroup.host(world_size=world_size, backend=backend, host=host,
                                            timeout_s=timeout_s, device=transfer_device(backend, self.device))
-            self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20)
+            self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20,
+                                        checksums=weight_checksums(self.cfg.weight_checksums, backend))
             return self._group.address, backend
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:

@@ -1,0 +1,113 @@
+"""Weight sync learner -> rollout against the raw NCCL broadcast of the same bytes, in one run.
+
+Two processes, one GPU each: rank 0 plays the learner (a Qwen2.5-shaped model with random
+bf16 weights), rank 1 the rollout (the same architecture). For each shape it times
+  raw:    one torch.distributed broadcast of a flat buffer holding all the weight bytes;
+  rlfleet: WeightSender.push -> WeightReceiver.receive -> apply_to_module (what PullWeights
+           does), from push start until the receiver has applied the new version;
+and prints the ratio. Usage: python bench/weight_sync.py [--shapes 0.5b,1.5b,7b] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+CHECKSUMS = os.environ.get("RLFLEET_BENCH_CHECKSUMS", "0") == "1"
+SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vocab, tied)
+    "0.5b": (896, 4864, 24, 14, 2, 151936, True),
+    "1.5b": (1536, 8960, 28, 12, 2, 151936, True),
+    "7b": (3584, 18944, 28, 28, 4, 152064, False),
+}
+
+
+def build(shape: str, device: torch.device) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    h, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    return model.eval().requires_grad_(False)
+
+
+def worker(rank: int, shape: str, address_q, result_q, reps: int) -> None:
+    from rlfleet.weights import WeightGroup, WeightReceiver, WeightSender, apply_to_module
+    from rlfleet.weights.naming import model_weights
+
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    model = build(shape, device)
+    weights = model_weights(model)
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    group = (WeightGroup.host(2, backend="nccl", timeout_s=120, device=device) if rank == 0
+             else WeightGroup.join(address_q.get(), 1, 2, backend="nccl", timeout_s=120, device=device))
+    if rank == 0:
+        address_q.put(group.address)
+    group.connect()
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    raw, ours = [], []
+    sender = WeightSender(group, checksums=CHECKSUMS) if rank == 0 else None
+    receiver = WeightReceiver(group) if rank == 1 else None
+    for i in range(reps + 1):  # the first round warms NCCL up and is not counted
+        torch.cuda.synchronize()
+        group.broadcast(torch.zeros(1, device=device))  # line both ranks up
+        t0 = time.perf_counter()
+        group.broadcast(flat)
+        torch.cuda.synchronize()
+        t_raw = time.perf_counter() - t0
+        group.broadcast(torch.zeros(1, device=device))
+        t0 = time.perf_counter()
+        if rank == 0:
+            sender.push(weights, version=i)
+        else:
+            received = receiver.receive(expected_version=i)
+            apply_to_module(model, received.tensors)
+            del received
+        torch.cuda.synchronize()
+        t_ours = time.perf_counter() - t0
+        if i:
+            raw.append(t_raw)
+            ours.append(t_ours)
+    if rank == 1:
+        result_q.put({"shape": shape, "bytes": nbytes, "raw_s": statistics.median(raw),
+                      "rlfleet_s": statistics.median(ours)})
+    group.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="0.5b,1.5b,7b")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    ctx = mp.get_context("spawn")
+    rows = []
+    for shape in args.shapes.split(","):
+        address_q, result_q = ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=worker, args=(r, shape, address_q, result_q, args.reps)) for r in (0, 1)]
+        for p in procs:
+            p.start()
+        row = result_q.get(timeout=900)
+        for p in procs:
+            p.join()
+        row["ratio"] = row["rlfleet_s"] / row["raw_s"]
+        row["raw_GBps"] = row["bytes"] / row["raw_s"] / 1e9
+        rows.append(row)
+        print(f"weight sync {shape}: {row['bytes'] / 1e9:.2f} GB | raw NCCL {row['raw_s'] * 1e3:.1f} ms "
+              f"({row['raw_GBps']:.0f} GB/s) | rlfleet push->applied {row['rlfleet_s'] * 1e3:.1f} ms "
+              f"| ratio {row['ratio']:.2f}x", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpus": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    main()
