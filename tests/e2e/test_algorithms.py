@@ -38,7 +38,10 @@ def assert_learns(lines: list[dict]) -> None:
 
 @pytest.mark.parametrize("name", ["dr_grpo", "rloo", "reinforce_pp", "dapo", "gspo"])
 def test_preset_learns(run_dir, name):
-    lines = train(run_dir, name, f"algorithm.name={name}")
+    # DAPO with groups of 4: all-equal groups (which dynamic sampling drops) are then common enough
+    # to be seen within 16 steps (measured: 7 dropped; with groups of 8 some runs dropped none).
+    extra = ["rollout.n=4"] if name == "dapo" else []
+    lines = train(run_dir, name, f"algorithm.name={name}", *extra)
     assert_learns(lines)
     if name == "reinforce_pp":  # KL in the reward against the frozen reference
         assert all("actor/reward_kl_penalty" in m for m in lines)
