@@ -12,22 +12,27 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from rlfleet.config import JobConfig
-from rlfleet.data.prompts import Prompt, PromptSource
-from rlfleet.errors import RlfleetError
+from rlfleet.data.prompts import PromptSource
+from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
+from controller.journal import Journal
 from controller.outputs import RunWriter
+from controller.recovery import Recovery
 from controller.rewards import reward_metrics
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
+from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
 from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
@@ -43,7 +48,8 @@ class GRPOLoop:
                  reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
-                 evaluator: PeriodicEval | None = None):
+                 evaluator: PeriodicEval | None = None, journal: Journal | None = None,
+                 resume: ControllerState | None = None):
         self.cfg = cfg
         self.source = source
         # Every replica has a generation thread that asks for work when it is free, which spreads
@@ -69,42 +75,91 @@ class GRPOLoop:
         self._error: BaseException | None = None
         self.last_metrics: dict[str, Any] = {}
         self.step = 0
+        # Checkpoint/resume and fault tolerance (controller/state.py, controller/recovery.py):
+        self.journal = journal  # <run_dir>/journal/prompts.jsonl, every prompt's lifecycle
+        self._live: dict[int, Dispatch] = {}  # admitted prompts not yet trained or dropped, by seq
+        self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
+        self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
+        self.recovery = Recovery(self, cfg.controller.service_wait_s)
+        self._start_step, self._start_version = 0, 0
+        if resume is not None:
+            self._restore(resume)
+
+    def _restore(self, state: ControllerState) -> None:
+        """Continues after the checkpoint of `state.step`: its prompts not yet trained go first."""
+        self._start_step, self._start_version = state.step, state.policy_version
+        self.step, self._seq, self._rollout_version = state.step, state.seq, state.policy_version
+        for dispatch in state.dispatches(self.source.prompts):
+            self._requeue.append(dispatch)
+            for seq, prompt in dispatch.members:
+                self._live[seq] = dispatch
+        # Admitted = trained (B per step) + not yet trained; the gate goes on from there.
+        self._admitted = state.step * self.B + len(self._live)
+        self._note("resumed", step=state.step, version=state.policy_version, requeued=len(self._live))
+
+    def _note(self, event: str, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal.record(event, **fields)
+
+    def snapshot(self, step: int, version: int) -> ControllerState:
+        """The controller's state right now, for the checkpoint of `step`."""
+        with self._cond:
+            dispatches: dict[int, Dispatch] = {}
+            for seq in sorted(self._live):
+                dispatches.setdefault(id(self._live[seq]), self._live[seq])
+            requeue = [{"seed": d.seed, "members": [[seq, p.index] for seq, p in d.members if seq in self._live]}
+                       for d in dispatches.values()]
+            return ControllerState(step, version, self._seq, source_state(self.source), requeue)
 
     # ---- generation side ----------------------------------------------------------------------
-    def _admit(self) -> dict[str, tuple[int, Prompt]]:
-        """Blocks until the gate admits work; returns the prompts to request, by request id."""
+    def _admit(self) -> Dispatch:
+        """Blocks until the gate admits work (or a re-queued request waits); returns the request."""
         with self._cond:
             while not self.stop.is_set():
+                if self._requeue and not self.recovery.resync_pending():
+                    return self._requeue.popleft()  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit:
+                if self._admitted < limit and not self.recovery.resync_pending():
                     count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
                     self._admitted += count
-                    prompts = {}
+                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
                     for _ in range(count):
-                        prompt = self.source.next()
-                        prompts[f"p{prompt.index}-s{self._seq}"] = (self._seq, prompt)
+                        dispatch.members.append((self._seq, self.source.next()))
+                        self._live[self._seq] = dispatch
                         self._seq += 1
-                    return prompts
+                    return dispatch
                 self._cond.wait(0.5)
         raise Stopped("stopping")
 
     def _generate_forever(self, rollout: RolloutClient) -> None:
         try:
             while not self.stop.is_set():
-                prompts = self._admit()
+                dispatch = self._admit()
+                prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
+                params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
+                for seq, prompt in dispatch.members:
+                    self._note("dispatched", seq=seq, prompt_index=prompt.index, version=self._rollout_version,
+                               replica=rollout.address)
                 started = time.perf_counter()
-                for group in rollout.generate(requests, self.params):
-                    gen_s = time.perf_counter() - started
-                    seq, prompt = prompts[group.request_id]
-                    t0 = time.perf_counter()
-                    results = self.reward.score(score_items(prompt, group.completions, group.request_id))
-                    scored = ScoredGroup(seq, prompt, group.completions, results, gen_s, time.perf_counter() - t0,
-                                         replica=rollout.address)
-                    with self._cond:
-                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
-                        self._cond.notify_all()
-                    started = time.perf_counter()
+                pending = dict(prompts)
+                try:
+                    for group in rollout.generate(requests, params):
+                        gen_s = time.perf_counter() - started
+                        seq, prompt = pending.pop(group.request_id)
+                        self._note("generated", seq=seq, version=min(c.policy_version for c in group.completions),
+                                   replica=rollout.address)
+                        t0 = time.perf_counter()
+                        results = self.recovery.score(score_items(prompt, group.completions, group.request_id))
+                        scored = ScoredGroup(seq, prompt, group.completions, results, gen_s,
+                                             time.perf_counter() - t0, replica=rollout.address)
+                        self._note("scored", seq=seq, failed=scored.failed)
+                        with self._cond:
+                            heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                            self._cond.notify_all()
+                        started = time.perf_counter()
+                except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
+                    self.recovery.rollout_failed(rollout, dispatch, pending, exc)
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
@@ -131,14 +186,23 @@ class GRPOLoop:
                 if self.stop.is_set():
                     raise Stopped("stopping")
                 if not self._buffer:
+                    if self.recovery.resync_pending():  # a replica came back: rebuild the group, unlocked
+                        self._cond.release()
+                        try:
+                            self.recovery.service_pending(train_version)
+                        finally:
+                            self._cond.acquire()
+                        continue
                     self._cond.wait(0.5)
                     continue
                 _, _, group = heapq.heappop(self._buffer)
                 usable = len(group.scored()) >= 2
                 if not (self.gate.is_fresh(group.version, train_version) and usable):
                     dropped += 1
+                    self._drop(group, "unusable" if usable is False else "stale", train_version)
                 elif not self.samples.keep(group):
                     filtered += 1
+                    self._drop(group, "filtered", train_version)
                     if filter_limit is not None and filtered > filter_limit:
                         raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal rewards in one "
                                            "step; the task is solved or unsolvable for this policy "
@@ -150,31 +214,47 @@ class GRPOLoop:
                 self._cond.notify_all()
         return batch, dropped, filtered
 
+    def _drop(self, group: ScoredGroup, reason: str, train_version: int) -> None:
+        self._live.pop(group.seq, None)
+        self._note("dropped", seq=group.seq, reason=reason, version=group.version, train_version=train_version)
+
+    def _checkpoint(self, step: int, version: int) -> None:
+        """The learner's checkpoint of `step`, then the controller's state of the same step."""
+        self.recovery.call_learner(lambda: self.learner.save_checkpoint(step), version)
+        save_state(self.writer.run_dir, self.snapshot(step, version))
+
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
         self.sync.open()
-        self.sync.sync(0)  # both sides loaded the same files; this proves the path before training
-        if self.evaluator is not None and self.evaluator.before_train:  # the initial policy, as step 0
+        # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
+        self.sync.sync(self._start_version)
+        if self.evaluator is not None and self.evaluator.before_train and not self._start_step:  # initial policy
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
                 0, 0, self.rollout.generate, self.reward.score)})
         gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}", daemon=True)
                        for i, r in enumerate(self.rollouts)]
         for thread in gen_threads:
             thread.start()
-        version = 0
+        version = self._start_version
         try:
-            for step in range(1, cc.max_steps + 1):
+            for step in range(self._start_step + 1, cc.max_steps + 1):
                 structlog.contextvars.bind_contextvars(step=step, policy_version=version)
                 step_start = time.perf_counter()
                 groups, dropped, filtered = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
                 samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
-                result = self.learner.train(TrainBatch(step=step, samples=samples,
-                                                       temperature=self.params.temperature or 1.0,
-                                                       expected_version=version))
+                batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
+                                   expected_version=version)
+                result = self.recovery.call_learner(lambda b=batch: self.learner.train(b), version)
+                self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
-                sync_s = self.sync.sync(result.policy_version)
+                with self._cond:
+                    for g in groups:
+                        self._live.pop(g.seq, None)
+                for g in groups:
+                    self._note("trained", seq=g.seq, step=step, version=version, generation_version=g.version)
+                sync_s = self.recovery.sync(result.policy_version)
                 with self._cond:
                     self._rollout_version = result.policy_version
                     self._cond.notify_all()
@@ -190,13 +270,16 @@ class GRPOLoop:
                 self.writer.log_samples(self._sample_records(step, version, groups))
                 self.last_metrics, self.step = metrics, step
                 version = result.policy_version
-                if self.cfg.learner.checkpoint_every and step % self.cfg.learner.checkpoint_every == 0:
-                    self.learner.save_checkpoint(step)
+                every = self.cfg.learner.checkpoint_every
+                if (every and step % every == 0) or step == cc.max_steps:
+                    self._checkpoint(step, version)
                 if self.on_step is not None:
                     self.on_step(metrics)
-            self.learner.save_checkpoint(cc.max_steps)
         finally:
             self.stop.set()
+            with self._cond:
+                for seq in sorted(self._live):  # the last controller state re-queues them on resume
+                    self._note("requeued", seq=seq, reason="stopped")
             for thread in gen_threads:
                 thread.join(timeout=5)
             self.sync.close()

@@ -12,15 +12,18 @@ from transformers import AutoTokenizer
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
+from rlfleet.errors import CheckpointError
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.proto.v1 import controller_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RolloutClient
 from controller.evaluation import PeriodicEval
+from controller.journal import Journal
 from controller.loop import GRPOLoop
 from controller.rewards import make_reward_client
 from controller.outputs import RunWriter
+from controller.state import load_state, resolve_resume, restore_source, truncate_jsonl
 from controller.status_servicer import SERVICE_NAME, ControllerServicer
 from controller.telemetry import ControllerTelemetry
 from controller.tracking import make_sinks
@@ -53,6 +56,15 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
+    resume = None
+    if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
+        state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume)
+        resume = load_state(state_file)
+        restore_source(source, resume.source)
+        for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
+            truncate_jsonl(cfg.run.dir / name, resume.step)
+        log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=str(checkpoint),
+                 requeued=sum(len(d["members"]) for d in resume.requeue))
     evaluator = PeriodicEval.from_config(cfg, tokenizer)
 
     loop_ref: list[GRPOLoop] = []
@@ -80,15 +92,21 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         clients.append(reward)
         learner = LearnerClient(addresses["learner"], **kw)
         clients.append(learner)
+        if resume is not None and learner.status().policy_version != resume.policy_version:
+            raise CheckpointError(f"the learner at {learner.address} holds policy version "
+                                  f"{learner.status().policy_version}, the checkpoint of step {resume.step} has "
+                                  f"{resume.policy_version}: start it with learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
+        journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
         try:
             loop = GRPOLoop(cfg, source, rollout, reward, learner, writer, stop=stop, on_step=step_done,
-                            evaluator=evaluator)
+                            evaluator=evaluator, journal=journal, resume=resume)
             loop_ref.append(loop)
             telemetry.watch_buffer(loop.buffered)
             return loop.run()
         finally:
             writer.close()
+            journal.close()
     finally:
         for client in clients:
             client.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlfleet import plot
+from rlfleet import health_cli, plot
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
 from rlfleet.eval import command as eval_command
@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "load, in-flight work, last error")
     status.add_argument("run_dir", help="the run folder (<output_dir>/<name>)")
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    status.add_argument("--config", "-c", help="job YAML whose `security` (TLS, token) to use "
+                        "(default: RUN_DIR/config.yaml when present)")
     status.add_argument("--prometheus-sd", metavar="FILE", help="also write the services' /metrics addresses "
                         "as a Prometheus file_sd targets file (see deploy/prometheus/)")
     sub.add_parser("build-model", help="build (or find cached) the embedded tiny model; prints its folder")
@@ -40,12 +42,29 @@ def build_parser() -> argparse.ArgumentParser:
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
     plot.add_parser(sub)
+    health_cli.add_parser(sub)
     return parser
 
 
 def _load(args: argparse.Namespace):
     from rlfleet.config import load_config
-    return load_config(args.config, args.overrides)
+    from rlfleet.rpc import security
+    cfg = load_config(args.config, args.overrides)
+    security.use(cfg.security, cfg.limits)  # TLS and token of every server and channel of this process
+    return cfg
+
+
+def _use_security_of(config: str | None, run_dir: str | None = None) -> None:
+    """`rlfleet status`/`health`: the `security` of --config, else of RUN_DIR/config.yaml when it exists."""
+    from pathlib import Path
+
+    if config is None and run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
+        config = str(Path(run_dir) / "config.yaml")
+    if config is not None:
+        from rlfleet.config import load_config
+        from rlfleet.rpc import security
+        cfg = load_config(config)
+        security.use(cfg.security, cfg.limits)
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -74,6 +93,7 @@ def dispatch(args: argparse.Namespace) -> int:
                        on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
         from rlfleet.status import print_status
+        _use_security_of(args.config, args.run_dir)
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd)
     elif args.command == "data":
         return data_command.run(args)
@@ -84,6 +104,9 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "reward":
         from rlfleet.reward_cli import run_reward_command
         return run_reward_command(args)
+    elif args.command == "health":
+        _use_security_of(getattr(args, "config", None))
+        return health_cli.run(args)
     elif args.command == "build-model":
         from rlfleet.models.tiny import ensure_tiny_model
         print(ensure_tiny_model())

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rlfleet.algorithm import AlgorithmConfig, LoraConfig
 from rlfleet.errors import ConfigError
 from rlfleet.reward_config import RewardModelConfig, RewardSourceConfig, check_sources
+from rlfleet.security_config import LimitsConfig, SecurityConfig
 from rlfleet.tracking_config import TrackingConfig
 
 BUILTIN_MODEL = "builtin:tiny"
@@ -43,6 +44,8 @@ class RunConfig(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
                                      "`rlfleet run` split the cores between services")
+    max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to this many "
+                              "times (exponential backoff from 1 s); 0 stops the run and names the service")
 
     @property
     def dir(self) -> Path:
@@ -121,6 +124,11 @@ class LearnerConfig(ServiceEndpointConfig):
     weight_sync_timeout_s: float = Field(120.0, gt=0.0)
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
                                  "each rollout's weights; a mismatch stops the run")
+    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, `latest` "
+                                    "(the run's newest; an error if none) or `auto` (the newest if any, else fresh)")
+    world_size: int = Field(1, ge=1, le=1024, description="learner processes the policy is sharded across "
+                            "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
+                            "(docs/deployment/multi-gpu-learner.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +157,11 @@ class ControllerConfig(Section):
     eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy (step 0)")
     eval_n: int = Field(1, ge=1, le=1024, description="samples per validation prompt: 1 is greedy, more "
                         "sample at rollout.temperature and log pass@k")
+    resume: str | None = Field(None, description="continue a run: `latest` (its newest complete checkpoint) or "
+                               "a checkpoints/step_N folder; the learner, data cursor, groups in flight, step "
+                               "numbering and metrics.jsonl all continue from there")
+    service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed service to "
+                                  "come back (retrying) before it gives up")
 
 
 class JobConfig(Section):
@@ -161,6 +174,9 @@ class JobConfig(Section):
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig, description="TLS, mutual TLS and a "
+                                     "bearer token on every gRPC server and channel (docs/security.md)")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="largest requests services accept")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "JobConfig":
@@ -169,6 +185,14 @@ class JobConfig(Section):
         if self.rollout.backend == "vllm" and self.learner.verify_weights:
             raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused layers do not "
                              "allow; watch rollout/logprob_diff_mean instead")
+        if self.learner.world_size > 1 and self.learner.lora.rank > 0:
+            raise ValueError("learner.world_size > 1 does not support learner.lora yet")
+        n, per_request, lim = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request, self.limits
+        if per_request > lim.max_prompts_per_request or n > lim.max_samples_per_prompt \
+                or per_request * n > lim.max_sequences_per_request:
+            raise ValueError(f"controller.prompts_per_request ({per_request}) x rollout.n ({n}) exceeds limits."
+                             "max_prompts_per_request, max_samples_per_prompt or max_sequences_per_request: the "
+                             "rollout service would refuse the controller's requests")
         return self
 
     def to_yaml(self) -> str:

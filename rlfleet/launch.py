@@ -21,6 +21,7 @@ from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.reward_config import needs_reward_service
 from rlfleet.serve import ROLES
+from rlfleet.supervisor import Supervisor
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Child:
     proc: subprocess.Popen
     stderr_path: Path
     expected_exit: bool = field(default=False)
+    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
 
     def describe_exit(self) -> str:
         tail = ""
@@ -95,9 +97,12 @@ class Launcher:
         stderr_path = self.run_dir / "logs" / f"{name}.stderr"
         cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
                "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
+        if role == "learner" and self.cfg.learner.world_size > 1:  # one process per rank; rank 0 serves gRPC
+            cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        str(self.cfg.learner.world_size), "-m", "rlfleet.cli"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
-        self.children.append(Child(name, proc, stderr_path))
+        self.children.append(Child(name, proc, stderr_path, cmd=cmd))
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"
@@ -111,12 +116,15 @@ class Launcher:
         raise ServiceUnavailable(f"the {child.role} service did not bind a port within {timeout_s:.0f}s")
 
     def _watch(self) -> None:
+        supervisor = Supervisor(self.cfg.run.max_restarts, self.run_dir)  # bounded restarts with backoff
         while not self.stop.is_set():
             for child in self.children:
                 if child.proc.poll() is not None and not child.expected_exit:
-                    self.failure = child.describe_exit()
-                    self.stop.set()
-                    return
+                    failure = supervisor.handle(child)
+                    if failure is not None:
+                        self.failure = failure
+                        self.stop.set()
+                        return
             time.sleep(0.2)
 
     def alive(self) -> bool:
@@ -162,6 +170,9 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
     resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
+    if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
+        from controller.state import resolve_resume
+        cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
     launcher = Launcher(cfg)
     try:
         addresses = launcher.start_services()

@@ -42,6 +42,9 @@ class RewardSourceConfig(_Section):
                                  "run inside the controller")
     service: bool = Field(False, description="the reward service started by `rlfleet run` "
                           "(or reward.address): the way to use reward.model or reward.fn as a source")
+    fleet_security: bool = Field(True, description="an address source: connect with the `security` section's "
+                                 "TLS and bearer token; false: plain gRPC without the token, for a server outside "
+                                 "the fleet's trust (docs/security.md)")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="the sample's reward is the weighted sum")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a function "
                                    "source, e.g. {max_length: 200} for length_penalty")

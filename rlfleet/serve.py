@@ -41,8 +41,12 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
 
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
+    if cfg.learner.world_size > 1:  # one process per rank under torchrun; rank 0 serves gRPC
+        from services.learner.worker_loop import serve_sharded_learner
+        return serve_sharded_learner(cfg, name)
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import learner_pb2_grpc
+    from services.learner.checkpoint import resolve_checkpoint, restore_learner
     from services.learner.learner import Learner
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
@@ -51,10 +55,14 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     def load() -> None:
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
-        servicer.attach(Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
-                                resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
-                                seed=cfg.run.seed, algorithm=cfg.algorithm,
-                                max_response_tokens=cfg.rollout.max_new_tokens))
+        learner = Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
+                          resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
+                          seed=cfg.run.seed, algorithm=cfg.algorithm,
+                          max_response_tokens=cfg.rollout.max_new_tokens)
+        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
+        if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
+            restore_learner(learner, checkpoint)
+        servicer.attach(learner)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, load, name=name)

@@ -28,7 +28,7 @@ from rlfleet.errors import ServiceUnavailable
 from rlfleet.proto.v1 import reward_pb2_grpc
 from rlfleet.reward_config import RewardSourceConfig
 from rlfleet.rpc import convert
-from rlfleet.rpc.server import GRPC_OPTIONS
+from rlfleet.rpc.security import Security, current, secure_channel
 from rlfleet.types import ScoreItem, ScoreResult
 
 log = structlog.get_logger(__name__)
@@ -79,8 +79,10 @@ class RemoteSource:
         self.stats = SourceStats()
         self.breaker = CircuitBreaker(cfg.circuit_failures, cfg.circuit_cooldown_s)
         # gRPC's own reconnect backoff must not outlast ours: a server that is back is seen soon.
-        self.channel = grpc.insecure_channel(address, options=[
-            *GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        # TLS and the bearer token of `security` (rlfleet.rpc.security), as every rlfleet channel.
+        plain = Security(max_message_bytes=current().max_message_bytes)
+        self.channel = secure_channel(address, None if cfg.fleet_security else plain, extra_options=[
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self._stub = reward_pb2_grpc.RewardStub(self.channel)
         self._pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix=f"reward-{cfg.name}")

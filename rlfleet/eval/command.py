@@ -126,8 +126,10 @@ def reward_scorer(cfg):
 
 def run(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
+    from rlfleet.rpc import security
 
     cfg = load_config(args.config, args.overrides)
+    security.use(cfg.security, cfg.limits)  # TLS and token of the channels to reward services
     files = args.data or cfg.data.val_files
     if not files:
         raise ConfigError("rlfleet eval needs --data FILE.parquet (or data.val_files in the config)")

@@ -8,12 +8,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.rpc.request_id import RequestIdInterceptor
-from rlfleet.rpc.server import GRPC_OPTIONS
+from rlfleet.rpc.security import Security, secure_channel
 
 
-def open_channel(address: str) -> grpc.Channel:
-    """Every call made on it carries a request id (see rlfleet.rpc.request_id)."""
-    return grpc.intercept_channel(grpc.insecure_channel(address, options=GRPC_OPTIONS), RequestIdInterceptor())
+def open_channel(address: str, security: Security | None = None) -> grpc.Channel:
+    """Every call made on it carries a request id (see rlfleet.rpc.request_id), and the bearer token and
+    TLS of `security` (default: the process's, rlfleet.rpc.security.use)."""
+    return grpc.intercept_channel(secure_channel(address, security), RequestIdInterceptor())
 
 
 def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2.0) -> str:

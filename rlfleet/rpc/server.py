@@ -17,6 +17,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rlfleet.errors import ConfigError
+from rlfleet.rpc.malformed import MalformedRequestInterceptor
+from rlfleet.rpc.security import Security
+from rlfleet.rpc.security import current as current_security
 
 log = structlog.get_logger(__name__)
 
@@ -28,9 +31,13 @@ GRPC_OPTIONS = [
 
 
 class ServiceServer:
-    def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16):
+    def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16,
+                 security: Security | None = None):
+        """`security`: TLS, token and message limit (rlfleet.rpc.security); default: the process's."""
         self.service_names = service_names
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=GRPC_OPTIONS)
+        self.security = security = security or current_security()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=security.options,
+                                   interceptors=[*security.server_interceptors(), MalformedRequestInterceptor()])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -38,7 +45,9 @@ class ServiceServer:
              reflection.SERVICE_NAME], self._server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
-            self.port = self._server.add_insecure_port(f"{host}:{port}")
+            creds = security.server_credentials()
+            self.port = (self._server.add_secure_port(f"{host}:{port}", creds) if creds is not None
+                         else self._server.add_insecure_port(f"{host}:{port}"))
         except RuntimeError as exc:
             raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
         if self.port == 0:

@@ -15,22 +15,28 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+import hmac
+import secrets
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from rlfleet.errors import WeightSyncError
+from rlfleet.errors import InvalidRequest, WeightSyncError  # InvalidRequest is a ValueError
 
 _PROTOCOL = 1  # bumped when the wire format (manifest/buckets) changes
 _KEY_ROOT = "rlfleet/weights"
 
 
+def _proof(token: str, nonce: str, rank: int) -> str:
+    return hmac.new(token.encode(), f"{nonce}:{rank}".encode(), "sha256").hexdigest()
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"weight group address must be 'host:port', got {address!r}")
+        raise InvalidRequest(f"weight group address must be 'host:port', got {address!r}")
     return host.strip("[]"), int(port)
 
 
@@ -38,16 +44,17 @@ class WeightGroup:
     """One rank of the weight-broadcast group; rank 0 is always the sender."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, backend: str,
-                 timeout_s: float, device: torch.device | str | None, address: str) -> None:
+                 timeout_s: float, device: torch.device | str | None, address: str,
+                 token: str | None = None) -> None:
         if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+            raise InvalidRequest(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         if world_size < 2 or not 0 <= rank < world_size:
-            raise ValueError(f"need world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}")
+            raise InvalidRequest(f"need world_size >= 2 and 0 <= rank < world_size, got {rank}/{world_size}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
         self.device = torch.device(device)
         if backend == "nccl" and self.device.type != "cuda":
-            raise ValueError(f"nccl needs a CUDA device, got {self.device}")
+            raise InvalidRequest(f"nccl needs a CUDA device, got {self.device}")
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.timeout_s, self.address = float(timeout_s), address
         self._store: dist.Store | None = store
@@ -55,29 +62,34 @@ class WeightGroup:
         self._generation = -1
         self._used: set[int] = set()  # a prefix's rendezvous keys are never reset, so never reuse one
         self._broken: str | None = None
+        self._token = token or None  # admits ranks: see _admit()
 
     @classmethod
     def host(cls, world_size: int, backend: str = "gloo", host: str = "127.0.0.1", port: int = 0,
-             timeout_s: float = 60, device: torch.device | str | None = None) -> WeightGroup:
-        """Rank 0: start the TCPStore (port 0 = OS-assigned) and return at once."""
+             timeout_s: float = 60, device: torch.device | str | None = None,
+             token: str | None = None) -> WeightGroup:
+        """Rank 0: start the TCPStore (port 0 = OS-assigned) and return at once.
+
+        With `token`, connect() admits only ranks that prove they hold the same token."""
         store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s),
                               wait_for_workers=False)
         addr = f"[{host}]:{store.port}" if ":" in host else f"{host}:{store.port}"
-        return cls(store, 0, world_size, backend, timeout_s, device, addr)
+        return cls(store, 0, world_size, backend, timeout_s, device, addr, token)
 
     @classmethod
     def join(cls, address: str, rank: int, world_size: int, backend: str = "gloo",
-             timeout_s: float = 60, device: torch.device | str | None = None) -> WeightGroup:
+             timeout_s: float = 60, device: torch.device | str | None = None,
+             token: str | None = None) -> WeightGroup:
         """Ranks 1..N: connect to the learner's store (retrying up to the timeout)."""
         if rank == 0:
-            raise ValueError("rank 0 is the learner; it calls WeightGroup.host()")
+            raise InvalidRequest("rank 0 is the learner; it calls WeightGroup.host()")
         host, port = _split_address(address)
         try:  # TCPStore's client retries its connect about twice, so give it half the budget
             store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s / 2))
             store.set_timeout(timedelta(seconds=timeout_s))
         except Exception as e:  # DistStoreError, socket errors
             raise WeightSyncError(f"cannot reach weight store at {address}: {e}") from e
-        return cls(store, rank, world_size, backend, timeout_s, device, address)
+        return cls(store, rank, world_size, backend, timeout_s, device, address, token)
 
     @property
     def connected(self) -> bool:
@@ -99,6 +111,10 @@ class WeightGroup:
         store = dist.PrefixStore(f"{_KEY_ROOT}/g{generation}/", self._store)
         keys = [f"joined/{r}" for r in range(self.world_size)]
         try:
+            if self.rank == 0:
+                store.set("auth/nonce", secrets.token_hex(16) if self._token else "")
+            else:
+                self._prove(store)
             store.set(keys[self.rank], "1")
             store.wait(keys, timedelta(seconds=self.timeout_s))
         except Exception as e:
@@ -108,6 +124,7 @@ class WeightGroup:
                 who = f"lost the weight store at {self.address} ({e})"
             self._broken = f"weight group generation {generation}: {who} within {self.timeout_s:g}s"
             raise WeightSyncError(self._broken) from e
+        self._admit(store, generation)
         try:
             self._pg = self._make_pg(store)
         except Exception as e:
@@ -119,6 +136,36 @@ class WeightGroup:
         if hello.tolist() != [_PROTOCOL, self.world_size, generation]:
             self._drop(abort=True)
             raise WeightSyncError(f"weight group handshake mismatch: learner sent {hello.tolist()}")
+
+    def _prove(self, store: dist.Store) -> None:
+        """A joining rank: HMAC(token, nonce:rank) under auth/<rank>, when the host asks for one."""
+        nonce = store.get("auth/nonce").decode()  # waits for the host, up to the store's timeout
+        if nonce and self._token:
+            store.set(f"auth/{self.rank}", _proof(self._token, nonce, self.rank))
+
+    def _admit(self, store: dist.Store, generation: int) -> None:
+        """Rank 0 checks every rank's proof and publishes the verdict; the others wait for it.
+        No process group is built with a rank that did not present the token."""
+        if self.rank == 0:
+            nonce = store.get("auth/nonce").decode()
+            refused = [r for r in range(1, self.world_size) if nonce and not (
+                store.check([f"auth/{r}"]) and hmac.compare_digest(
+                    store.get(f"auth/{r}").decode(), _proof(self._token or "", nonce, r)))]
+            store.set("auth/verdict", "refused " + ",".join(map(str, refused)) if refused else "ok")
+            if refused:
+                self._broken = (f"weight group generation {generation}: rank(s) {refused} did not present "
+                                "the weight-group token; refused")
+                raise WeightSyncError(self._broken)
+            return
+        try:
+            verdict = store.get("auth/verdict").decode()
+        except Exception as e:
+            self._broken = f"weight group generation {generation}: no admission verdict from the learner ({e})"
+            raise WeightSyncError(self._broken) from e
+        if verdict != "ok":
+            self._broken = (f"weight group generation {generation}: the learner refused rank(s) "
+                            f"{verdict.removeprefix('refused ')} (missing or wrong weight-group token)")
+            raise WeightSyncError(self._broken)
 
     def _make_pg(self, store: dist.Store) -> dist.ProcessGroup:
         timeout = timedelta(seconds=self.timeout_s)

@@ -31,6 +31,7 @@ class WeightSender:
         # Checksums cost a second packing pass and a pass over every bucket on each side; they
         # guard transports without integrity of their own (see rlfleet.devices.weight_checksums).
         self.checksums = checksums
+        self.packed = 0  # tensors packed by the current push (a sharded learner's ranks resume from here)
 
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
         """Send one consistent snapshot; returns stats (bytes, buckets, tensors, seconds).
@@ -39,6 +40,7 @@ class WeightSender:
         WeightSyncError (from the group) on timeout or transport failure.
         """
         start = time.perf_counter()
+        self.packed = 0
         named = [(name, t.detach()) for name, t in named_tensors]
         manifest = plan_buckets(named, version, self.bucket_bytes)
         tensors = dict(named)
@@ -86,5 +88,14 @@ class WeightSender:
         with torch.no_grad():
             for i in entry_ids:
                 e = manifest.entries[i]
-                flat[e.offset:e.offset + e.numel].view(e.shape).copy_(tensors[e.name])
+                flat[e.offset:e.offset + e.numel].view(e.shape).copy_(_whole(tensors[e.name]))
+                self.packed += 1
         return flat
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A sharded learner's parameter (an FSDP2 DTensor) is gathered here, while its bucket is packed:
+    every learner rank must take part, in this order (services.learner.fsdp.ShardedLearner.follow_push)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

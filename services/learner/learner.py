@@ -72,13 +72,16 @@ class Learner:
         return self.update.run(batch)
 
     # ---- weights --------------------------------------------------------------------------
-    def open_weight_group(self, world_size: int, host: str, timeout_s: float) -> tuple[str, str]:
+    def open_weight_group(self, world_size: int, host: str, timeout_s: float,
+                          token: str | None = None) -> tuple[str, str]:
+        """`token`: only ranks that present it are admitted (rlfleet.weights.group)."""
         with self._lock:
             if self._group is not None:
                 self._group.close()
             backend = weight_backend(self.cfg.weight_backend, self.device)
             self._group = WeightGroup.host(world_size=world_size, backend=backend, host=host,
-                                           timeout_s=timeout_s, device=transfer_device(backend, self.device))
+                                           timeout_s=timeout_s, device=transfer_device(backend, self.device),
+                                           token=token)
             self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20,
                                         checksums=weight_checksums(self.cfg.weight_checksums, backend))
             return self._group.address, backend
@@ -110,5 +113,6 @@ class Learner:
     def save_checkpoint(self, step: int) -> Path:
         with self._lock:
             return save_checkpoint(self.checkpoint_dir, step, self.model, self.tokenizer, self.optimizer,
-                                   {"policy_version": self.version})
+                                   {"policy_version": self.version}, critic=getattr(self.update, "critic", None),
+                                   scheduler=getattr(self, "scheduler", None))
 

@@ -5,17 +5,30 @@ from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
-from rlfleet.rpc import convert
+from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.security import current, current_limits
+from rlfleet.security_config import LimitsConfig
 from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 
 
+def _vocab_size(learner: Learner) -> int | None:
+    try:
+        return int(learner.model.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError):
+        return None
+
+
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     role = "learner"
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
+                 weight_token: str | None = None) -> None:
+        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
+        self.limits = limits or current_limits()
+        self.weight_token = weight_token or current().token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
@@ -32,6 +45,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     @rpc_method
     def Train(self, request, context):
+        learner = self._ready()
+        validate.train(request, self.limits, _vocab_size(learner))
         batch = convert.train_batch_from_proto(request)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
@@ -41,20 +56,27 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     @rpc_method
     def OpenWeightGroup(self, request, context):
-        address, backend = self._ready().open_weight_group(request.world_size, self.host,
-                                                           request.timeout_s or 120.0)
+        learner = self._ready()
+        validate.open_weight_group(request, self.limits)
+        timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
+        address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
+                                                     token=self.weight_token)
         return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
 
     @rpc_method
     def PushWeights(self, request, context):
-        stats = self._ready().push_weights(request.version, digest=request.digest)
+        learner = self._ready()
+        validate.version(request.version)
+        stats = learner.push_weights(request.version, digest=request.digest)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))
 
     @rpc_method
     def SaveCheckpoint(self, request, context):
-        return learner_pb2.SaveCheckpointResponse(path=str(self._ready().save_checkpoint(request.step)))
+        learner = self._ready()
+        validate.version(request.step, "step")
+        return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
 
     @rpc_method
     def GetStatus(self, request, context):

@@ -5,8 +5,10 @@ from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet.rpc import convert
+from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.security import current_limits
+from rlfleet.security_config import LimitsConfig
 from services.reward.scorer import RewardScorer
 
 SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
@@ -15,7 +17,9 @@ SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
 class RewardServicer(reward_pb2_grpc.RewardServicer):
     role = "reward"
 
-    def __init__(self) -> None:
+    def __init__(self, limits: LimitsConfig | None = None) -> None:
+        """`limits`: defaults to the process's (rlfleet.rpc.security.use)."""
+        self.limits = limits or current_limits()
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.scorer: RewardScorer | None = None
@@ -29,6 +33,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     def Score(self, request, context):
         if self.scorer is None:
             raise NotReady("reward service is still loading")
+        validate.score(request, self.limits)
         items = convert.score_items_from_proto(request)
         with self.metrics.queued(len(items)):
             results = self.scorer.score(items, active=context.is_active)

@@ -23,8 +23,9 @@ class RolloutEngine(ABC):
         """Yields one GroupResult per prompt (in any order) as soon as it is complete."""
 
     @abstractmethod
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        """Joins the learner's weight group with ranks `rank .. rank + weight_ranks - 1`."""
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
+                          token: str | None = None) -> None:
+        """Joins the learner's weight group with ranks `rank .. rank + weight_ranks - 1`, proving `token`."""
 
     @abstractmethod
     def pull_weights(self, version: int) -> dict[str, float]:

@@ -5,8 +5,10 @@ from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
-from rlfleet.rpc import convert
+from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.security import current, current_limits
+from rlfleet.security_config import LimitsConfig
 from services.rollout.engine import RolloutEngine
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["Rollout"].full_name
@@ -15,7 +17,10 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["Rollout"].full_name
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     role = "rollout"
 
-    def __init__(self) -> None:
+    def __init__(self, limits: LimitsConfig | None = None, weight_token: str | None = None) -> None:
+        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
+        self.limits = limits or current_limits()
+        self.weight_token = weight_token or current().token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
@@ -33,6 +38,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     @rpc_method
     def Generate(self, request, context):
         engine = self._ready()
+        validate.generate(request, self.limits)
         params = convert.sampling_from_proto(request.params)
         prompts = convert.prompts_from_proto(request)
         with self.metrics.queued(len(prompts)) as queue:
@@ -43,13 +49,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     @rpc_method
     def JoinWeightGroup(self, request, context):
-        self._ready().join_weight_group(request.address, request.rank, request.world_size,
-                                        request.backend, request.timeout_s or 120.0)
+        engine = self._ready()
+        validate.join_weight_group(request, self.limits)
+        timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
+        engine.join_weight_group(request.address, request.rank, request.world_size, request.backend, timeout_s,
+                                 token=self.weight_token)
         return rollout_pb2.JoinWeightGroupResponse()
 
     @rpc_method
     def PullWeights(self, request, context):
         engine = self._ready()
+        validate.version(request.version)
         stats = engine.pull_weights(request.version)
         if request.digest:
             stats["digest"] = engine.weights_digest()

@@ -24,12 +24,14 @@ class InProcessWeightSync:
         self._receiver: WeightReceiver | None = None
         self._lock = threading.Lock()  # one weight pull at a time
 
-    def join(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
+             token: str | None = None) -> None:
         with self._lock:
             if self._group is not None:
                 self._group.close()
             self._group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                           timeout_s=timeout_s, device=transfer_device(backend, self.device))
+                                           timeout_s=timeout_s, device=transfer_device(backend, self.device),
+                                           token=token)
             self._receiver = WeightReceiver(self._group)
 
     def pull(self, version: int) -> dict[str, float]:

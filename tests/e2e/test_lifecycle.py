@@ -79,8 +79,8 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
                 p.wait()
 
 
-def _start_long_run(run_dir: Path, name: str) -> subprocess.Popen:
-    return _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}", "controller.max_steps=100000")
+def _start_long_run(run_dir: Path, name: str, *extra: str) -> subprocess.Popen:
+    return _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}", "controller.max_steps=100000", *extra)
 
 
 def _wait_first_step(proc: subprocess.Popen, run: Path) -> None:
@@ -109,7 +109,7 @@ def test_ctrl_c_stops_every_service(run_dir):
 
 def test_dead_service_stops_the_run_and_is_named(run_dir):
     run = run_dir / "dead"
-    proc = _start_long_run(run_dir, "dead")
+    proc = _start_long_run(run_dir, "dead", "run.max_restarts=0")  # no restarts (tests/e2e/test_faults.py)
     try:
         _wait_first_step(proc, run)
         victim = _announced(run, "reward")["pid"]

@@ -41,8 +41,9 @@ class HFEngine(RolloutEngine):
     def device(self) -> torch.device:
         return self._device
 
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        self._weights.join(address, rank, world_size, backend, timeout_s)
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
+                          token: str | None = None) -> None:
+        self._weights.join(address, rank, world_size, backend, timeout_s, token)
 
     def pull_weights(self, version: int) -> dict[str, float]:
         return self._weights.pull(version)

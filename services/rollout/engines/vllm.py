@@ -126,8 +126,10 @@ class VLLMEngine(RolloutEngine):
                           policy_version=first_version, last_policy_version=self.policy_version, text=out.text)
 
     # ---- weights --------------------------------------------------------------------------
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-        self._run(self.engine.collective_rpc("rlfleet_join", args=(address, rank, world_size, backend, timeout_s)))
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
+                          token: str | None = None) -> None:
+        self._run(self.engine.collective_rpc("rlfleet_join", args=(address, rank, world_size, backend, timeout_s,
+                                                                   token)))
 
     def pull_weights(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

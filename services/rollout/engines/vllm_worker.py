@@ -17,14 +17,16 @@ from rlfleet.weights.digest import weights_digest
 class RlfleetWeightExtension:
     """Mixed into vLLM's Worker class, so `self.model_runner`, `self.rank` and `self.device` exist."""
 
-    def rlfleet_join(self, address: str, base_rank: int, world_size: int, backend: str, timeout_s: float) -> int:
+    def rlfleet_join(self, address: str, base_rank: int, world_size: int, backend: str, timeout_s: float,
+                     token: str | None = None) -> int:
         old = getattr(self, "_rlfleet_group", None)
         if old is not None:
             old.close()
         device = torch.device(getattr(self, "device", "cpu"))
         rank = base_rank + int(getattr(self, "rank", 0))
         self._rlfleet_group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                               timeout_s=timeout_s, device=transfer_device(backend, device))
+                                               timeout_s=timeout_s, device=transfer_device(backend, device),
+                                               token=token)
         self._rlfleet_receiver = WeightReceiver(self._rlfleet_group)
         return rank
 

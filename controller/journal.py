@@ -1,0 +1,101 @@
+"""The prompt journal: one JSONL line per lifecycle event of every prompt, written as it happens.
+
+`<run_dir>/journal/prompts.jsonl` gets, per admitted prompt (identified by its admission
+sequence number `seq`, which a re-queued prompt keeps):
+
+    dispatched  sent to a rollout (version: the rollout's policy version then)
+    generated   its group came back (version: the oldest version that generated it, replica)
+    scored      rewards obtained (failed: samples without a reward)
+    trained     in the batch of `step`, trained against policy `version`
+    dropped     left out with a `reason` (stale, unusable, filtered)
+    requeued    will be dispatched again with a `reason` (rollout_failed, resume)
+    resumed     (no seq) the run continued from the checkpoint of `step`: `trained` lines of
+                later steps before it were rolled back with the model
+
+`audit()` replays a journal and says which prompts were lost or trained twice.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOURNAL = "prompts.jsonl"
+
+
+class Journal:
+    def __init__(self, run_dir: Path):
+        folder = run_dir / "journal"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / JOURNAL
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+
+    def record(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"event": event, "t": round(time.time(), 3), **fields})
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+@dataclass
+class Audit:
+    dispatched: set[int] = field(default_factory=set)
+    trained: Counter = field(default_factory=Counter)
+    dropped: dict[int, str] = field(default_factory=dict)
+    requeued: set[int] = field(default_factory=set)
+    open: set[int] = field(default_factory=set)  # dispatched, neither trained nor dropped (in flight at the end)
+
+    @property
+    def trained_twice(self) -> list[int]:
+        return sorted(s for s, n in self.trained.items() if n > 1)
+
+    @property
+    def lost(self) -> list[int]:
+        """Dispatched prompts whose last word is neither trained, dropped nor re-queued."""
+        return sorted(s for s in self.open if s not in self.requeued)
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def audit(path: Path) -> Audit:
+    """Replays the journal. A prompt is open from its dispatch until trained or dropped; a
+    re-queue keeps it open (it must be dispatched and trained again); a `resumed` event rolls
+    back training of later steps (those prompts are open again: the resumed run re-queues them)."""
+    result = Audit()
+    trained_at: dict[int, list[int]] = {}
+    for ev in read_journal(path):
+        kind, seq = ev["event"], ev.get("seq")
+        if kind == "resumed":
+            for s, steps in trained_at.items():
+                kept = [st for st in steps if st <= ev["step"]]
+                if len(kept) != len(steps):
+                    trained_at[s] = kept
+                    result.open.add(s)
+            continue
+        if seq is None:
+            continue
+        if kind == "dispatched":
+            result.dispatched.add(seq)
+            result.open.add(seq)
+            result.requeued.discard(seq)
+        elif kind == "requeued":
+            result.requeued.add(seq)
+        elif kind == "trained":
+            trained_at.setdefault(seq, []).append(ev["step"])
+            result.open.discard(seq)
+        elif kind == "dropped":
+            result.dropped[seq] = ev.get("reason", "")
+            result.open.discard(seq)
+    result.trained = Counter({s: len(steps) for s, steps in trained_at.items() if steps})
+    return result

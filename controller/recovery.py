@@ -1,0 +1,189 @@
+"""What the loop does when a service fails: wait (bounded), retry, re-queue, rebuild the weight group.
+
+* rollout call fails: the prompts of that request not yet returned are re-queued (journal:
+  `requeued`, reason `rollout_failed`) and go to the next free replica; this replica's thread
+  waits until it answers again, then asks for the weight group to be rebuilt (a restarted
+  replica serves its initial weights) and for the current version to be pushed to it.
+* reward call fails: retried, with backoff, until it returns.
+* learner call fails: waits until the learner is back (restarted from its newest checkpoint by
+  `rlfleet run`); if that checkpoint is one step behind, the last batch is replayed; then the
+  weight group is rebuilt and the call retried.
+* weight push fails (a receiver died or stalled; the group's timeout aborts it): the group is
+  rebuilt and the version pushed again; rollouts serve the last complete version meanwhile.
+
+Every wait ends after `controller.service_wait_s` with an error naming the service.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import structlog
+
+from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
+from rlfleet.types import ScoreItem, ScoreResult, TrainBatch
+
+if TYPE_CHECKING:
+    from controller.clients import RolloutClient
+    from controller.loop import GRPOLoop
+    from controller.state import Dispatch
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+_RETRYABLE = (ServiceUnavailable, WeightSyncError)
+
+
+class Recovery:
+    def __init__(self, loop: GRPOLoop, wait_s: float):
+        self.loop = loop
+        self.wait_s = wait_s
+        self._resync = threading.Event()  # a replica came back and needs the group and the weights
+        self.generation = 0  # weight-group rebuilds so far
+        self.last_batch: TrainBatch | None = None
+        self.events: list[dict[str, Any]] = []
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.wait_s
+
+    def _expired(self, deadline: float, what: str, exc: BaseException) -> None:
+        if time.monotonic() > deadline:
+            raise ServiceUnavailable(f"{what} did not recover within controller.service_wait_s="
+                                     f"{self.wait_s:g}s: {exc}") from None
+
+    def _sleep(self, delay: float) -> float:
+        if self.loop.stop.wait(delay):
+            from controller.loop import Stopped
+            raise Stopped("stopping")
+        return min(delay * 2, 5.0)
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        self.events.append({"event": kind, **fields})
+        self.loop._note(kind, **fields)
+        log.warning("recovery", recovery=kind, **fields)
+
+    # ---- reward -------------------------------------------------------------------------------
+    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        deadline, delay = self._deadline(), 0.5
+        while True:
+            try:
+                return self.loop.reward.score(items)
+            except ServiceUnavailable as exc:
+                self._expired(deadline, "the reward service", exc)
+                self._event("reward_retry", error=str(exc)[:200])
+                delay = self._sleep(delay)
+
+    # ---- rollout ------------------------------------------------------------------------------
+    def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
+                       pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
+        loop = self.loop
+        left = [(seq, prompt) for seq, prompt in dispatch.members if any(s == seq for s, _ in pending.values())]
+        with loop._cond:
+            if left:
+                dispatch.members = left
+                loop._requeue.appendleft(dispatch)
+            loop._cond.notify_all()
+        for seq, _ in left:
+            loop._note("requeued", seq=seq, reason="rollout_failed", replica=rollout.address)
+        self._event("rollout_failed", replica=rollout.address, requeued=len(left), error=str(exc)[:200])
+        deadline, delay = self._deadline(), 0.5
+        while True:
+            try:
+                if rollout.status().ready:
+                    break
+            except RlfleetError as err:
+                self._expired(deadline, f"rollout replica {rollout.address}", err)
+            delay = self._sleep(delay)
+        # A restarted replica left the weight group and serves its initial weights.
+        generation = self.generation
+        self._resync.set()
+        with loop._cond:
+            loop._cond.notify_all()
+            while self.generation == generation:
+                if loop.stop.is_set():
+                    return
+                loop._cond.wait(0.5)
+
+    def resync_pending(self) -> bool:
+        return self._resync.is_set()
+
+    # ---- weight group -------------------------------------------------------------------------
+    def resync(self, version: int) -> float:
+        """Rebuilds the weight group and pushes `version` to every replica."""
+        loop = self.loop
+        deadline, delay = self._deadline(), 0.5
+        while True:
+            try:
+                self._check_learner_version(version)
+                loop.sync.open()
+                seconds = loop.sync.sync(version)
+                break
+            except _RETRYABLE as exc:
+                if "differ from the learner" in str(exc):
+                    raise
+                self._expired(deadline, "the weight group", exc)
+                self._event("weight_group_retry", version=version, error=str(exc)[:200])
+                delay = self._sleep(delay)
+        with loop._cond:
+            loop._rollout_version = version
+            self.generation += 1
+            self._resync.clear()
+            loop._cond.notify_all()
+        self._event("weight_group_rebuilt", version=version, generation=self.generation)
+        return seconds
+
+    def sync(self, version: int) -> float:
+        """One push of `version`; a failed one is aborted (group timeout), rebuilt and pushed again."""
+        if self._resync.is_set():
+            return self.resync(version)
+        try:
+            return self.loop.sync.sync(version)
+        except _RETRYABLE as exc:
+            if "differ from the learner" in str(exc):
+                raise
+            self._event("weight_sync_failed", version=version, error=str(exc)[:200])
+            return self.resync(version)
+
+    def service_pending(self, version: int) -> None:
+        """Called by the training side while it waits for groups: serves a replica's resync request."""
+        if self._resync.is_set():
+            self.resync(version)
+
+    # ---- learner ------------------------------------------------------------------------------
+    def _check_learner_version(self, version: int) -> None:
+        """The learner must hold `version`; one step behind (it died between a step and that
+        step's checkpoint) is repaired by replaying the last batch."""
+        status = self.loop.learner.status()
+        if not status.ready:
+            raise ServiceUnavailable(f"learner at {self.loop.learner.address} is still loading")
+        have = status.policy_version
+        if have == version:
+            return
+        batch = self.last_batch
+        if batch is not None and have == batch.expected_version and version == have + 1:
+            self.loop.learner.train(batch)
+            self._event("learner_replayed", step=batch.step, version=version)
+            return
+        raise RlfleetError(f"learner at {self.loop.learner.address} restarted at policy version {have}, the "
+                           f"controller is at {version}: resume the run with controller.resume=latest "
+                           "(learner.checkpoint_every=1 lets a run survive learner restarts in place)")
+
+    def call_learner(self, fn: Callable[[], T], version: int) -> T:
+        """A learner call; if the learner is down, waits for it, rebuilds the group, retries."""
+        deadline, delay = self._deadline(), 0.5
+        while True:
+            try:
+                return fn()
+            except ServiceUnavailable as exc:
+                self._expired(deadline, "the learner", exc)
+                self._event("learner_failed", version=version, error=str(exc)[:200])
+                while True:
+                    try:
+                        status = self.loop.learner.status()
+                        if status.ready:
+                            break
+                    except RlfleetError as err:
+                        self._expired(deadline, "the learner", err)
+                    delay = self._sleep(delay)
+                self.resync(version)

@@ -1,0 +1,174 @@
+"""Checks of incoming requests before any core sees them.
+
+Malformed or inconsistent fields raise InvalidRequest (INVALID_ARGUMENT); requests
+larger than `limits` (rlfleet.security_config.LimitsConfig) raise RequestTooLarge
+(RESOURCE_EXHAUSTED). The checks are cheap (one pass over the request) and the
+service keeps serving whatever they find. Cores keep their own model-specific
+checks (vocabulary, context length).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.security_config import LimitsConfig
+
+BACKENDS = ("gloo", "nccl")
+MAX_STOP_STRINGS = 64
+MAX_ID_CHARS = 1024
+MIN_TIMEOUT_S = 0.1  # a weight-group rendezvous cannot work in less
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3  # beyond these, logits / temperature overflow or vanish
+
+
+def _finite(value: float, what: str) -> None:
+    if not math.isfinite(value):
+        raise InvalidRequest(f"{what} must be a finite number, got {value}")
+
+
+def _ids(ids: Iterable[int], what: str, vocab_size: int | None) -> None:
+    if not ids:
+        return
+    low, high = min(ids), max(ids)
+    if low < 0 or (vocab_size is not None and high >= vocab_size):
+        bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
+        raise InvalidRequest(f"{what} has token ids outside {bound}")
+
+
+def _temperature(value: float, zero: str) -> None:
+    if not (value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):  # also refuses NaN
+        raise InvalidRequest(f"temperature must be 0 ({zero}) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+                             f"got {value}")
+
+
+def _count(n: int, limit: int, what: str, key: str) -> None:
+    if n > limit:
+        raise RequestTooLarge(f"{n} {what} exceed limits.{key} = {limit}")
+
+
+def _text(value: str, limit: int, what: str) -> None:
+    if len(value) > limit:
+        raise RequestTooLarge(f"{what} has {len(value)} characters, more than limits.max_text_chars = {limit}")
+
+
+def _timeout(value: float, limits: LimitsConfig) -> None:
+    if not (value == 0 or MIN_TIMEOUT_S <= value):  # also refuses NaN
+        raise InvalidRequest(f"timeout_s must be 0 (the default) or at least {MIN_TIMEOUT_S:g} s, got {value}")
+    if value > limits.max_weight_timeout_s:
+        raise InvalidRequest(f"timeout_s {value:g} exceeds limits.max_weight_timeout_s = "
+                             f"{limits.max_weight_timeout_s:g}")
+
+
+def sampling(params, limits: LimitsConfig, prompts: int) -> None:
+    """`params`: common_pb2.SamplingParams of a Generate call for `prompts` prompts."""
+    if params.n < 1:
+        raise InvalidRequest(f"n must be at least 1, got {params.n}")
+    _count(params.n, limits.max_samples_per_prompt, "samples per prompt (n)", "max_samples_per_prompt")
+    _count(params.n * prompts, limits.max_sequences_per_request, "sequences (prompts x n)",
+           "max_sequences_per_request")
+    if params.max_new_tokens < 1:
+        raise InvalidRequest(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+    _temperature(params.temperature, "0 is greedy")
+    _finite(params.top_p, "top_p")
+    if not 0.0 <= params.top_p <= 1.0:
+        raise InvalidRequest(f"top_p must be in (0, 1] (0: unset), got {params.top_p}")
+    if params.top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0 (0: off), got {params.top_k}")
+    _count(len(params.stop), MAX_STOP_STRINGS, "stop strings", "(fixed)")
+    for s in params.stop:
+        _text(s, limits.max_text_chars, "a stop string")
+        if not s:
+            raise InvalidRequest("a stop string is empty")
+
+
+def generate(request, limits: LimitsConfig) -> None:
+    """rollout_pb2.GenerateRequest."""
+    if not request.prompts:
+        raise InvalidRequest("generate request has no prompts")
+    _count(len(request.prompts), limits.max_prompts_per_request, "prompts", "max_prompts_per_request")
+    sampling(request.params, limits, len(request.prompts))
+    seen: set[str] = set()
+    for p in request.prompts:
+        if len(p.request_id) > MAX_ID_CHARS:
+            raise InvalidRequest(f"a request_id is longer than {MAX_ID_CHARS} characters")
+        if p.request_id in seen:
+            raise InvalidRequest(f"duplicate request_id {p.request_id!r} in one generate request")
+        seen.add(p.request_id)
+        if not p.prompt_ids:
+            raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
+        _ids(p.prompt_ids, f"prompt {p.request_id!r}", None)
+
+
+def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
+    """learner_pb2.TrainRequest."""
+    if not request.samples:
+        raise InvalidRequest("train batch has no samples")
+    _count(len(request.samples), limits.max_train_samples, "train samples", "max_train_samples")
+    if request.step < 0:
+        raise InvalidRequest(f"step must be >= 0, got {request.step}")
+    if request.HasField("expected_version") and request.expected_version < -1:
+        raise InvalidRequest(f"expected_version must be >= 0 (or unset), got {request.expected_version}")
+    _temperature(request.temperature, "0 means 1.0")
+    for i, s in enumerate(request.samples):
+        if not s.prompt_ids:
+            raise InvalidRequest(f"sample {i}: prompt_ids is empty")
+        if not s.response_ids:
+            raise InvalidRequest(f"sample {i}: response_ids is empty")
+        if len(s.behaviour_logprobs) != len(s.response_ids):
+            raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
+                                 f"{len(s.response_ids)} response tokens")
+        _ids(s.prompt_ids, f"sample {i}: prompt_ids", vocab_size)
+        _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
+        if not all(math.isfinite(x) for x in s.behaviour_logprobs):
+            raise InvalidRequest(f"sample {i}: behaviour_logprobs must be finite")
+        _finite(s.advantage, f"sample {i}: advantage")
+        _finite(s.reward, f"sample {i}: reward")
+        if s.generation_version < 0:
+            raise InvalidRequest(f"sample {i}: generation_version must be >= 0, got {s.generation_version}")
+
+
+def score(request, limits: LimitsConfig) -> None:
+    """reward_pb2.ScoreRequest (an empty request is fine: it scores nothing)."""
+    _count(len(request.items), limits.max_score_items, "score items", "max_score_items")
+    seen: set[str] = set()
+    for item in request.items:
+        if not item.id:
+            raise InvalidRequest("a score item has an empty id")
+        if len(item.id) > MAX_ID_CHARS:
+            raise InvalidRequest(f"a score item id is longer than {MAX_ID_CHARS} characters")
+        if item.id in seen:
+            raise InvalidRequest(f"duplicate item id {item.id!r} in one score request")
+        seen.add(item.id)
+        for field in ("data_source", "prompt", "response", "ground_truth", "extra_info_json"):
+            _text(getattr(item, field), limits.max_text_chars, f"item {item.id!r}: {field}")
+
+
+def _address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest(f"weight group address must be 'host:port', got {address[:100]!r}")
+
+
+def join_weight_group(request, limits: LimitsConfig) -> None:
+    """rollout_pb2.JoinWeightGroupRequest."""
+    _address(request.address)
+    if not 2 <= request.world_size <= limits.max_world_size:
+        raise InvalidRequest(f"world_size must be in [2, {limits.max_world_size}], got {request.world_size}")
+    if not 1 <= request.rank < request.world_size:
+        raise InvalidRequest(f"rank must be in [1, world_size) (0 is the learner), got {request.rank} of "
+                             f"{request.world_size}")
+    if request.backend not in BACKENDS:
+        raise InvalidRequest(f"backend must be one of {BACKENDS}, got {request.backend[:50]!r}")
+    _timeout(request.timeout_s, limits)
+
+
+def open_weight_group(request, limits: LimitsConfig) -> None:
+    """learner_pb2.OpenWeightGroupRequest."""
+    if not 2 <= request.world_size <= limits.max_world_size:
+        raise InvalidRequest(f"world_size must be in [2, {limits.max_world_size}], got {request.world_size}")
+    _timeout(request.timeout_s, limits)
+
+
+def version(value: int, what: str = "version") -> None:
+    if value < 0:
+        raise InvalidRequest(f"{what} must be >= 0, got {value}")

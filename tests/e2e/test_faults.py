@@ -1,0 +1,135 @@
+"""Fault tolerance: kill -9 the rollout, the reward or the learner mid-run (one at a time).
+
+`rlfleet run` restarts the dead service (bounded, with backoff, on the same port; the
+learner from its newest checkpoint), the controller waits, re-queues and retries, the weight
+group is rebuilt, and the run completes. The journal proves no prompt was lost or trained twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.journal import audit
+from tests.e2e.conftest import REPO, read_jsonl
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+STEPS = 7
+ARGS = ("controller.max_staleness=0", "controller.prompts_per_step=4", "controller.prompts_per_request=2",
+        "rollout.n=4", "tracking.tensorboard=false", "learner.checkpoint_every=1",
+        "learner.weight_sync_timeout_s=10", "controller.service_wait_s=120", "run.max_restarts=2",
+        f"controller.max_steps={STEPS}")
+
+
+def _last_event(run: Path) -> str:
+    lines = (run / "journal" / "prompts.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["event"] if lines else ""
+
+
+def _steps_done(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.parametrize("victim", ["rollout", "reward", "learner"])
+def test_run_survives_a_killed_service(run_dir, victim):
+    run = run_dir / victim
+    # The rollout is killed while it generates (longer responses make that window wide).
+    extra = ("rollout.max_new_tokens=48",) if victim == "rollout" else ()
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}",
+                             f"run.name={victim}", *ARGS, *extra], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _steps_done(run) < 2:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.1)
+        while victim == "rollout" and _last_event(run) != "dispatched":
+            assert time.monotonic() < deadline, "no generation in flight seen"
+            time.sleep(0.005)
+        pid = json.loads((run / "services" / f"{victim}.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"the {victim} service (pid {pid}) exited with code -9" in err and "restarting it (1/2)" in err, err
+    [restart] = read_jsonl(run / "services" / "restarts.jsonl")
+    assert restart["service"] == victim and restart["pid"] == pid
+
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert [m["policy_version"] for m in metrics] == list(range(STEPS))  # no step lost or repeated
+    events = read_jsonl(run / "journal" / "prompts.jsonl")
+    kinds = {e["event"] for e in events}
+    if victim in ("rollout", "learner"):  # the restarted side lost the group: it was rebuilt
+        assert "weight_group_rebuilt" in kinds, sorted(kinds)
+    if victim == "rollout":  # the prompts it was generating went back to the queue and were trained later
+        failed = [e for e in events if e["event"] == "requeued" and e["reason"] == "rollout_failed"]
+        assert failed, sorted(kinds)
+        for e in failed:
+            later = events[events.index(e):]
+            assert any(x["event"] == "dispatched" and x["seq"] == e["seq"] for x in later)
+            assert any(x["event"] == "trained" and x["seq"] == e["seq"] for x in later)
+    result = audit(run / "journal" / "prompts.jsonl")
+    assert result.lost == [], result.lost
+    assert result.trained_twice == [], result.trained_twice
+    assert sum(result.trained.values()) == STEPS * 4
+    # Every dispatched prompt was trained, dropped with a reason, or is in flight at the end.
+    stopped = {e["seq"] for e in events if e["event"] == "requeued" and e["reason"] == "stopped"}
+    assert result.dispatched == set(result.trained) | set(result.dropped) | stopped
+    assert all(result.dropped.values())
+    # The final checkpoint is the learner's step STEPS, at version STEPS.
+    meta = json.loads((run / "checkpoints" / f"step_{STEPS}" / "meta.json").read_text())
+    assert meta["policy_version"] == STEPS
+
+
+def test_weight_push_to_a_stalled_rollout_aborts_and_the_group_is_rebuilt(run_dir):
+    """The rollout freezes (SIGSTOP) as a step's weights are about to be pushed: the push times out
+    (learner.weight_sync_timeout_s) and aborts, the controller rebuilds the group once the replica
+    answers again (SIGCONT) and pushes the version again; the run completes, nothing lost."""
+    run = run_dir / "stall"
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}",
+                             "run.name=stall", *ARGS, "learner.weight_sync_timeout_s=5"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 180
+        while _steps_done(run) < 2 or _last_event(run) != "trained":  # a push follows right after
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach step 2"
+            time.sleep(0.002)
+        pid = json.loads((run / "services" / "rollout.json").read_text())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(8)  # longer than the push's timeout (5 s)
+        os.kill(pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert not (run / "services" / "restarts.jsonl").exists()  # nothing died: same processes throughout
+    events = read_jsonl(run / "journal" / "prompts.jsonl")
+    failed = [e for e in events if e["event"] == "weight_sync_failed"]
+    rebuilt = [e for e in events if e["event"] == "weight_group_rebuilt"]
+    assert failed and rebuilt, sorted({e["event"] for e in events})
+    assert rebuilt[0]["version"] == failed[0]["version"]  # the same version pushed again
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    result = audit(run / "journal" / "prompts.jsonl")
+    assert result.lost == [] and result.trained_twice == []
