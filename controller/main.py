@@ -14,8 +14,6 @@ from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.resolve import resolve_model_path
-from rlfleet.proto.v1 import controller_pb2_grpc
-from rlfleet.rpc.server import ServiceServer
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RolloutClient
 from controller.evaluation import PeriodicEval
@@ -24,7 +22,7 @@ from controller.loop import GRPOLoop
 from controller.rewards import make_reward_client
 from controller.outputs import RunWriter
 from controller.state import load_state, resolve_resume, restore_source, truncate_jsonl
-from controller.status_servicer import SERVICE_NAME, ControllerServicer
+from controller.status_servicer import start_status_server
 from controller.telemetry import ControllerTelemetry
 from controller.tracking import make_sinks
 
@@ -68,11 +66,8 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     evaluator = PeriodicEval.from_config(cfg, tokenizer)
 
     loop_ref: list[GRPOLoop] = []
-    status = ServiceServer([SERVICE_NAME], cc.host, cc.port)
-    status.add(controller_pb2_grpc.add_ControllerServicer_to_server,
-               ControllerServicer(cfg.run.name, addresses, lambda: loop_ref[0] if loop_ref else None))
-    status.start()
-    status.mark_serving()
+    status = start_status_server(cc.host, cc.port, cfg.run.name, addresses,
+                                 lambda: loop_ref[0] if loop_ref else None)
     telemetry = ControllerTelemetry()
     announce(cfg.run.dir, "controller", status.address, telemetry.serve(cc.host, cc.metrics_port))
 

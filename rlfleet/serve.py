@@ -55,6 +55,9 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     def load() -> None:
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
+        if shares_gpu_with_rollout(cfg, device):
+            # NCCL cannot put two ranks of one group on one GPU: go through host memory instead.
+            cfg.learner.weight_backend = "gloo"
         learner = Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
                           resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
@@ -66,6 +69,16 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, load, name=name)
+
+
+def shares_gpu_with_rollout(cfg: JobConfig, device) -> bool:
+    """Under device=auto the learner takes GPU `replicas` mod the GPU count, so with no more GPUs
+    than local rollout replicas it lands on one of theirs."""
+    import torch
+
+    local_rollouts = not (cfg.rollout.address or cfg.rollout.addresses)
+    return (cfg.learner.weight_backend == "auto" and device.type == "cuda" and local_rollouts
+            and cfg.learner.device == "auto" and torch.cuda.device_count() <= cfg.rollout.replicas)
 
 
 SERVERS = {"rollout": serve_rollout, "reward": serve_reward, "learner": serve_learner}

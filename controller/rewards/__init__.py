@@ -20,7 +20,7 @@ def make_reward_client(cfg: JobConfig, addresses: dict[str, str], timeout_s: flo
         return RewardClient(addresses["reward"], timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
                             alive=alive)
     from controller.rewards.local import FunctionSource
-    from controller.rewards.remote import RemoteSource
+    from controller.rewards.remote_client import RemoteSource
     from controller.rewards.sources import RewardSources
 
     built = []

@@ -14,7 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import structlog
 
-from controller.rewards.remote import failed
+from controller.rewards.remote_client import failed
 from controller.rewards.stats import SourceStats
 from rlfleet.errors import RlfleetError
 from rlfleet.reward_config import RewardSourceConfig

@@ -15,7 +15,7 @@ import pytest
 from controller.groups import ScoredGroup
 from controller.rewards import make_reward_client
 from controller.rewards.local import FunctionSource
-from controller.rewards.remote import RemoteSource
+from controller.rewards.remote_client import RemoteSource
 from controller.rewards.sources import RewardSources
 from rlfleet.config import load_config
 from rlfleet.errors import ConfigError, RewardError, ServiceUnavailable
