@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import hmac
 import secrets
+import socket
 import time
 from datetime import timedelta
 
@@ -31,6 +32,14 @@ _KEY_ROOT = "rlfleet/weights"
 
 def _proof(token: str, nonce: str, rank: int) -> str:
     return hmac.new(token.encode(), f"{nonce}:{rank}".encode(), "sha256").hexdigest()
+
+
+def _local_address_towards(address: str) -> str:
+    """This machine's address on the route to `address` (a UDP connect sends nothing)."""
+    host, port = _split_address(address)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port or 1))
+        return probe.getsockname()[0]
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -170,7 +179,12 @@ class WeightGroup:
     def _make_pg(self, store: dist.Store) -> dist.ProcessGroup:
         timeout = timedelta(seconds=self.timeout_s)
         if self.backend == "gloo":
-            return dist.ProcessGroupGloo(store, self.rank, self.world_size, timeout)
+            # Gloo otherwise binds the address the machine's hostname resolves to, which another
+            # host (or a network namespace) may not reach: bind the interface that routes to the store.
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
+            return dist.ProcessGroupGloo(store, self.rank, self.world_size, opts)
         opts = dist.ProcessGroupNCCL.Options()
         # NCCL's watchdog kills the process when a collective outlives its timeout,
         # so give it slack: our own poll in broadcast() fires first and aborts cleanly.
