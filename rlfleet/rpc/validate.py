@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.security_config import LimitsConfig
+from services.learner.batching import check_sample_shape
 
 BACKENDS = ("gloo", "nccl")
 MAX_STOP_STRINGS = 64
@@ -110,13 +111,7 @@ def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
         raise InvalidRequest(f"expected_version must be >= 0 (or unset), got {request.expected_version}")
     _temperature(request.temperature, "0 means 1.0")
     for i, s in enumerate(request.samples):
-        if not s.prompt_ids:
-            raise InvalidRequest(f"sample {i}: prompt_ids is empty")
-        if not s.response_ids:
-            raise InvalidRequest(f"sample {i}: response_ids is empty")
-        if len(s.behaviour_logprobs) != len(s.response_ids):
-            raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
-                                 f"{len(s.response_ids)} response tokens")
+        check_sample_shape(i, s)
         _ids(s.prompt_ids, f"sample {i}: prompt_ids", vocab_size)
         _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
         if not all(math.isfinite(x) for x in s.behaviour_logprobs):

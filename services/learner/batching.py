@@ -26,17 +26,22 @@ class MicroBatch:
         return int(self.response_mask_B_T.sum().item())
 
 
+def check_sample_shape(i: int, s: TrainSample) -> None:
+    """Token lists present and one behaviour logprob per response token (a TrainSample or its proto)."""
+    if not s.prompt_ids:
+        raise InvalidRequest(f"sample {i}: prompt_ids is empty")
+    if not s.response_ids:
+        raise InvalidRequest(f"sample {i}: response_ids is empty")
+    if len(s.behaviour_logprobs) != len(s.response_ids):
+        raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
+                             f"{len(s.response_ids)} response tokens")
+
+
 def validate_samples(samples: list[TrainSample], max_seq_len: int | None = None) -> None:
     if not samples:
         raise InvalidRequest("train batch has no samples")
     for i, s in enumerate(samples):
-        if not s.prompt_ids:
-            raise InvalidRequest(f"sample {i}: prompt_ids is empty")
-        if not s.response_ids:
-            raise InvalidRequest(f"sample {i}: response_ids is empty")
-        if len(s.behaviour_logprobs) != len(s.response_ids):
-            raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
-                                 f"{len(s.response_ids)} response tokens")
+        check_sample_shape(i, s)
         if max_seq_len is not None and len(s.prompt_ids) + len(s.response_ids) > max_seq_len:
             raise RequestTooLarge(f"sample {i}: {len(s.prompt_ids) + len(s.response_ids)} tokens exceed "
                                   f"the model's {max_seq_len}")

@@ -34,10 +34,8 @@ from rlfleet.errors import ConfigError, WeightSyncError
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.manifest import plan_buckets
 from services.learner.algorithms.aggregation import BatchCounts
-from services.learner.algorithms.objective import micro_batch_objective
 from services.learner.checkpoint import save_checkpoint
 from services.learner.learner import Learner
-from services.learner.loss import masked_token_mean, token_entropy, token_logprobs
 from services.learner.reference import FrozenCopyReference
 from services.learner.update import PolicyUpdate, Prepared, _Means
 
@@ -91,25 +89,8 @@ class ShardedPolicyUpdate(PolicyUpdate):
         sums: dict[str, float] = {}
         tokens: dict[str, float] = {}
         for p, real in self._share(mini):
-            mb = p.mb
-            logits_B_T_V = self.model(input_ids=mb.input_ids_B_L, attention_mask=mb.attention_mask_B_L).logits[:, :-1]
-            logprobs_B_T = token_logprobs(logits_B_T_V, mb.targets_B_T, temperature)
-            if self.algo.entropy_coef > 0:
-                entropy_B_T = token_entropy(logits_B_T_V, temperature)
-            else:
-                with torch.no_grad():
-                    entropy_B_T = token_entropy(logits_B_T_V, temperature)
-            correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
-                                               self.algo.is_cap)
-            out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
-                                        self.weights_of(mb.response_mask_B_T, counts), correction, self.objective,
-                                        ref_logprobs_B_T=p.ref_logprobs_B_T, entropy_B_T=entropy_B_T)
-            out.loss.backward()
-            metrics = dict(out.metrics)
-            if first_pass and p.old_logprobs_B_T is None:
-                diff_B_T = (logprobs_B_T.detach() - mb.behaviour_logprobs_B_T).abs()
-                metrics["rollout/logprob_diff_mean"] = masked_token_mean(diff_B_T, mb.response_mask_B_T)
-            n = mb.num_tokens if real else 0
+            metrics = self._backward(p, counts, temperature, first_pass)
+            n = p.mb.num_tokens if real else 0
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (float(value) * n if n else 0.0)
                 tokens[key] = tokens.get(key, 0.0) + n

@@ -122,31 +122,35 @@ class PolicyUpdate:
             means.add_tokens(stats, p.mb.num_tokens)
 
     # ---- 3. updates -----------------------------------------------------------------------
+    def _backward(self, p: Prepared, counts: BatchCounts, temperature: float, first_pass: bool) -> dict:
+        """Forward, loss and backward of one micro-batch (gradients accumulate); returns its metrics."""
+        mb = p.mb
+        logits_B_T_V = self.model(input_ids=mb.input_ids_B_L, attention_mask=mb.attention_mask_B_L).logits[:, :-1]
+        logprobs_B_T = token_logprobs(logits_B_T_V, mb.targets_B_T, temperature)
+        if self.algo.entropy_coef > 0:
+            entropy_B_T = token_entropy(logits_B_T_V, temperature)
+        else:
+            with torch.no_grad():
+                entropy_B_T = token_entropy(logits_B_T_V, temperature)
+        correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
+                                           self.algo.is_cap)
+        out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
+                                    self.weights_of(mb.response_mask_B_T, counts), correction, self.objective,
+                                    ref_logprobs_B_T=p.ref_logprobs_B_T, entropy_B_T=entropy_B_T)
+        out.loss.backward()
+        metrics = dict(out.metrics)
+        if first_pass and p.old_logprobs_B_T is None:
+            # Without a recomputation pass the learner's pre-update log-probs are these
+            # (exactly so for the first mini-batch).
+            diff_B_T = (logprobs_B_T.detach() - mb.behaviour_logprobs_B_T).abs()
+            metrics["rollout/logprob_diff_mean"] = masked_token_mean(diff_B_T, mb.response_mask_B_T)
+        return metrics
+
     def _policy_step(self, mini: list[Prepared], counts: BatchCounts, temperature: float, first_pass: bool,
                      means: _Means) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         for p in mini:
-            mb = p.mb
-            logits_B_T_V = self.model(input_ids=mb.input_ids_B_L, attention_mask=mb.attention_mask_B_L).logits[:, :-1]
-            logprobs_B_T = token_logprobs(logits_B_T_V, mb.targets_B_T, temperature)
-            if self.algo.entropy_coef > 0:
-                entropy_B_T = token_entropy(logits_B_T_V, temperature)
-            else:
-                with torch.no_grad():
-                    entropy_B_T = token_entropy(logits_B_T_V, temperature)
-            correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
-                                               self.algo.is_cap)
-            out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
-                                        self.weights_of(mb.response_mask_B_T, counts), correction, self.objective,
-                                        ref_logprobs_B_T=p.ref_logprobs_B_T, entropy_B_T=entropy_B_T)
-            out.loss.backward()
-            metrics = dict(out.metrics)
-            if first_pass and p.old_logprobs_B_T is None:
-                # Without a recomputation pass the learner's pre-update log-probs are these
-                # (exactly so for the first mini-batch).
-                diff_B_T = (logprobs_B_T.detach() - mb.behaviour_logprobs_B_T).abs()
-                metrics["rollout/logprob_diff_mean"] = masked_token_mean(diff_B_T, mb.response_mask_B_T)
-            means.add_tokens(metrics, mb.num_tokens)
+            means.add_tokens(self._backward(p, counts, temperature, first_pass), p.mb.num_tokens)
         params = [q for q in self.model.parameters() if q.grad is not None]
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
