@@ -1,6 +1,8 @@
 """`rlfleet serve ROLE`: builds one service's core and runs it."""
 from __future__ import annotations
 
+import structlog
+
 from rlfleet.config import JobConfig
 from rlfleet.devices import resolve_device, resolve_dtype
 from rlfleet.rpc.service_main import run_service
@@ -42,7 +44,6 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
     if cfg.learner.world_size > 1:  # one process per rank under torchrun; rank 0 serves gRPC
-        from services.learner.worker_loop import serve_sharded_learner
         return serve_sharded_learner(cfg, name)
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import learner_pb2_grpc
@@ -69,6 +70,50 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, load, name=name)
+
+
+def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
+    import torch
+    import torch.distributed as dist
+
+    from rlfleet.logging import setup_logging
+    from rlfleet.proto.v1 import learner_pb2_grpc
+    from rlfleet.rpc.service_main import run_service
+    from services.learner.distributed import LearnerFront, init_learner_world
+    from services.learner.servicer import SERVICE_NAME, LearnerServicer
+    from services.learner.worker_loop import build_sharded_learner, follow
+
+    # A collective waits for the slowest rank: a weight push waits for the rollouts, a train step
+    # for the controller's batch; only a rank that died should make the others give up.
+    world = init_learner_world(cfg.learner.world_size, cfg.learner.device, cfg.rollout.replicas,
+                               timeout_s=max(1800.0, 4 * cfg.learner.weight_sync_timeout_s))
+    if cfg.run.threads_per_service:  # the learner's share of the CPU cores, split between its ranks
+        cfg.run.threads_per_service = max(1, cfg.run.threads_per_service // world.world_size)
+    try:
+        if world.rank != 0:
+            setup_logging(f"{name}-rank{world.rank}", cfg.run.log_level,
+                          cfg.run.dir / "logs" / f"{name}-rank{world.rank}.log", run=cfg.run.name)
+            if cfg.run.threads_per_service:
+                torch.set_num_threads(cfg.run.threads_per_service)
+            learner = build_sharded_learner(cfg, world)
+            structlog.get_logger(__name__).info("following rank 0", rank=world.rank, world_size=world.world_size)
+            follow(learner, world)
+            return
+        servicer = LearnerServicer(host=cfg.learner.host)
+        front: list[LearnerFront] = []
+
+        def load() -> None:
+            front.append(LearnerFront(build_sharded_learner(cfg, world), world))
+            servicer.attach(front[0])
+
+        try:
+            run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
+                        servicer, load, name=name)
+        finally:
+            if front:
+                front[0].stop()
+    finally:
+        dist.destroy_process_group()
 
 
 def shares_gpu_with_rollout(cfg: JobConfig, device) -> bool:
