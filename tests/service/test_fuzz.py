@@ -40,7 +40,7 @@ from rlfleet.security_config import LimitsConfig
 from services.learner.learner import Learner
 from services.reward.scorer import RewardScorer
 from services.rollout.engines.hf import HFEngine
-from tests.service.test_servicers import ROLES
+from tests.service.servicer_harness import ROLES
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(150)]
 

@@ -31,7 +31,7 @@ from rlfleet.weights import WeightGroup
 from services.learner.learner import Learner
 from services.reward.scorer import RewardScorer
 from services.rollout.engines.hf import HFEngine
-from tests.service.test_servicers import ROLES
+from tests.service.servicer_harness import ROLES
 from tests.tls_certs import Pki, make_pki
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]

@@ -1,0 +1,120 @@
+"""The learner servicer on a real in-process gRPC server, also fed the rollout's logprobs.
+
+Servers bind 127.0.0.1 port 0 (the OS picks the port) and are stopped in teardown.
+The rollout and learner load the session's tiny random model (tests/conftest.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from rlfleet.proto.v1 import (
+    common_pb2,
+    learner_pb2,
+    learner_pb2_grpc,
+    rollout_pb2_grpc,
+)
+from tests.service.servicer_harness import (
+    TIMEOUT,
+    code_of,
+    details_of,
+    generate,
+)
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+
+def train_request(step: int = 1, expected_version: int = -1, logprobs: list[float] | None = None
+                  ) -> learner_pb2.TrainRequest:
+    samples = [
+        learner_pb2.TrainSample(prompt_ids=[6, 7, 41, 8, 45], response_ids=[9, 2],
+                                behaviour_logprobs=logprobs if logprobs is not None else [-4.0, -4.2],
+                                advantage=1.0, generation_version=0),
+        learner_pb2.TrainSample(prompt_ids=[6, 7, 41, 8, 45], response_ids=[10, 11, 2],
+                                behaviour_logprobs=[-4.1, -4.0, -4.3], advantage=-1.0, generation_version=0),
+        learner_pb2.TrainSample(prompt_ids=[15, 16], response_ids=[20, 21, 22, 2],
+                                behaviour_logprobs=[-4.0] * 4, advantage=0.5, generation_version=0),
+    ]
+    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0, expected_version=expected_version)
+
+
+def test_learner_train_step(learner_server):
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    before = {n: p.detach().clone() for n, p in learner_server.servicer.learner.model.named_parameters()}
+    reply = stub.Train(train_request(step=1, expected_version=0), timeout=TIMEOUT)
+    assert reply.policy_version == 1
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/kl_loss", "actor/lr"):
+        assert key in reply.metrics, key
+        assert math.isfinite(reply.metrics[key]), key
+    assert reply.metrics["actor/grad_norm"] > 0
+    assert reply.metrics["actor/entropy"] > 0
+    assert reply.metrics["learner/tokens"] == 9
+    # micro_batch_tokens=16 splits the 3 samples (lengths 7, 8, 6) into several micro-batches.
+    assert reply.metrics["learner/micro_batches"] >= 2
+    after = dict(learner_server.servicer.learner.model.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)  # the optimizer stepped
+
+    reply = stub.Train(train_request(step=2, expected_version=1), timeout=TIMEOUT)
+    assert reply.policy_version == 2
+    status = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    assert status.ready and status.policy_version == 2 and status.stats["step"] == 2
+
+
+def test_learner_version_mismatch(learner_server):
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    assert code_of(lambda: stub.Train(train_request(expected_version=3), timeout=TIMEOUT)) \
+        == grpc.StatusCode.FAILED_PRECONDITION
+    assert "expected policy version 3" in details_of(
+        lambda: stub.Train(train_request(expected_version=3), timeout=TIMEOUT))
+    # The refused step did not count.
+    assert stub.Train(train_request(expected_version=0), timeout=TIMEOUT).policy_version == 1
+
+
+def test_learner_rejects_bad_samples(learner_server):
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    mismatched = train_request(logprobs=[-1.0])  # 1 logprob for 2 response tokens
+    assert code_of(lambda: stub.Train(mismatched, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "behaviour_logprobs" in details_of(lambda: stub.Train(mismatched, timeout=TIMEOUT))
+    empty = learner_pb2.TrainRequest(step=1, expected_version=-1)
+    assert code_of(lambda: stub.Train(empty, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+    too_long = learner_pb2.TrainRequest(step=1, expected_version=-1, samples=[learner_pb2.TrainSample(
+        prompt_ids=[5] * 120, response_ids=[6] * 10, behaviour_logprobs=[-1.0] * 10, advantage=1.0)])
+    assert code_of(lambda: stub.Train(too_long, timeout=TIMEOUT)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).policy_version == 0
+
+
+def test_learner_save_checkpoint(learner_server, tmp_path):
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    stub.Train(train_request(step=1, expected_version=0), timeout=TIMEOUT)
+    path = Path(stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path)
+    assert path.is_dir() and path.name == "step_1"
+    for name in ("config.json", "model.safetensors", "optimizer.pt", "meta.json"):
+        assert (path / name).is_file(), name
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["step"] == 1 and meta["policy_version"] == 1
+    assert not list(path.parent.glob("*.tmp-*"))  # nothing half-written left behind
+
+
+def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
+    """Same weights on both sides: the learner's logprobs of a rollout's samples equal the
+    behaviour logprobs, so the first step is on-policy (importance ratio 1)."""
+    rollout = rollout_pb2_grpc.RolloutStub(rollout_server.channel)
+    prompts = {"a": [6, 7, 41, 8, 45], "b": [15, 16]}
+    groups = generate(rollout, prompts, n=2, temperature=1.0, max_new_tokens=5, seed=4)
+    samples = [learner_pb2.TrainSample(prompt_ids=prompts[g.request_id], response_ids=c.token_ids,
+                                       behaviour_logprobs=c.logprobs, advantage=1.0 if i % 2 else -1.0,
+                                       generation_version=c.policy_version)
+               for g in groups for i, c in enumerate(g.completions)]
+    learner = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0, expected_version=0),
+                          timeout=TIMEOUT)
+    assert reply.metrics["rollout/logprob_diff_mean"] < 1e-3
+    assert reply.metrics["actor/pg_clipfrac"] == 0.0
+
+
+# ---- (e) reflection and (f) status ---------------------------------------------------------------

@@ -1,0 +1,89 @@
+"""The reward servicer on a real in-process gRPC server.
+
+Servers bind 127.0.0.1 port 0 (the OS picks the port) and are stopped in teardown.
+The rollout and learner load the session's tiny random model (tests/conftest.py).
+"""
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from rlfleet.proto.v1 import (
+    common_pb2,
+    reward_pb2,
+    reward_pb2_grpc,
+)
+from tests.service.servicer_harness import (
+    TIMEOUT,
+    code_of,
+    details_of,
+)
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+
+def item(i: str, response: str, truth: str, source: str = "custom", extra: dict | None = None,
+         extra_json: str | None = None) -> reward_pb2.ScoreItem:
+    return reward_pb2.ScoreItem(id=i, data_source=source, prompt="p", response=response, ground_truth=truth,
+                                extra_info_json=extra_json if extra_json is not None else
+                                (json.dumps(extra) if extra else ""))
+
+
+def test_reward_scores_one_result_per_item(reward_server):
+    stub = reward_pb2_grpc.RewardStub(reward_server.channel)
+    reply = stub.Score(reward_pb2.ScoreRequest(items=[
+        item("a", "42", "42"), item("b", "41", "42"), item("c", " 7 ", "7", extra={"bonus": 0.5}),
+        item("d", "x", "dict")]), timeout=TIMEOUT)
+    assert [r.id for r in reply.results] == ["a", "b", "c", "d"]
+    assert [r.ok for r in reply.results] == [True] * 4
+    assert [r.score for r in reply.results] == pytest.approx([1.0, 0.0, 1.5, 0.25])
+    assert all(r.error == "" for r in reply.results)
+
+
+def test_reward_failures_are_reported_not_scored_zero(reward_server):
+    stub = reward_pb2_grpc.RewardStub(reward_server.channel)
+    reply = stub.Score(reward_pb2.ScoreRequest(items=[
+        item("ok", "1", "1"), item("boom", "1", "raise"), item("nan", "1", "nan"), item("inf", "1", "inf")]),
+        timeout=TIMEOUT)
+    by_id = {r.id: r for r in reply.results}
+    assert by_id["ok"].ok and by_id["ok"].score == 1.0
+    for bad in ("boom", "nan", "inf"):
+        assert not by_id[bad].ok, bad
+        assert by_id[bad].error, bad
+    assert "exploded" in by_id["boom"].error and "ValueError" in by_id["boom"].error
+    assert "nan" in by_id["nan"].error.lower()
+
+
+def test_reward_bad_requests_and_recovery(reward_server, auto_reward_server):
+    stub = reward_pb2_grpc.RewardStub(reward_server.channel)
+    not_json = reward_pb2.ScoreRequest(items=[item("a", "1", "1", extra_json="{not json")])
+    assert code_of(lambda: stub.Score(not_json, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "extra_info_json" in details_of(lambda: stub.Score(not_json, timeout=TIMEOUT))
+    not_object = reward_pb2.ScoreRequest(items=[item("a", "1", "1", extra_json="[1, 2]")])
+    assert code_of(lambda: stub.Score(not_object, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+    duplicate = reward_pb2.ScoreRequest(items=[item("a", "1", "1"), item("a", "2", "2")])
+    assert code_of(lambda: stub.Score(duplicate, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+
+    auto = reward_pb2_grpc.RewardStub(auto_reward_server.channel)
+    unknown = reward_pb2.ScoreRequest(items=[item("a", "1", "1", source="no/such_source")])
+    assert code_of(lambda: auto.Score(unknown, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no/such_source" in details_of(lambda: auto.Score(unknown, timeout=TIMEOUT))
+
+    # Both servers still answer, and remember the last error for GetStatus.
+    reply = stub.Score(reward_pb2.ScoreRequest(items=[item("z", "3", "3")]), timeout=TIMEOUT)
+    assert reply.results[0].ok and reply.results[0].score == 1.0
+    status = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    assert status.ready and "InvalidRequest" in status.last_error
+    assert auto.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).ready
+    assert auto_reward_server.health() == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reward_empty_request(reward_server):
+    stub = reward_pb2_grpc.RewardStub(reward_server.channel)
+    assert list(stub.Score(reward_pb2.ScoreRequest(), timeout=TIMEOUT).results) == []
+
+
+# ---- (c) rollout --------------------------------------------------------------------------------
