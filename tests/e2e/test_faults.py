@@ -38,6 +38,31 @@ def _steps_done(run: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _events(run: Path) -> list[dict]:
+    path = run / "journal" / "prompts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _freeze_rollout_before_a_push(run: Path, proc: subprocess.Popen) -> int:
+    """SIGSTOPs the rollout once step k's groups are all generated and none trained yet.
+
+    With max_staleness=0 the rollout then idles until version k is pushed to it, so the push that
+    follows step k's training is certain to find it frozen. Should the poll see step k trained
+    already (a loaded machine), it lets the rollout go and tries the next step."""
+    deadline = time.monotonic() + 180
+    for step in range(2, STEPS):
+        while len({e["seq"] for e in _events(run) if e["event"] == "generated"}) < 4 * step:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, f"step {step}'s groups were not generated"
+            time.sleep(0.002)
+        pid = json.loads((run / "services" / "rollout.json").read_text())["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        if not any(e["event"] == "trained" and e["step"] == step for e in _events(run)):
+            return pid
+        os.kill(pid, signal.SIGCONT)
+    raise AssertionError("every step was trained before the rollout could be frozen")
+
+
 @pytest.mark.parametrize("victim", ["rollout", "reward", "learner"])
 def test_run_survives_a_killed_service(run_dir, victim):
     run = run_dir / victim
@@ -104,13 +129,7 @@ def test_weight_push_to_a_stalled_rollout_aborts_and_the_group_is_rebuilt(run_di
                             text=True, start_new_session=True)
     pid = None
     try:
-        deadline = time.monotonic() + 180
-        while _steps_done(run) < 2 or _last_event(run) != "trained":  # a push follows right after
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "the run did not reach step 2"
-            time.sleep(0.002)
-        pid = json.loads((run / "services" / "rollout.json").read_text())["pid"]
-        os.kill(pid, signal.SIGSTOP)
+        pid = _freeze_rollout_before_a_push(run, proc)
         time.sleep(8)  # longer than the push's timeout (5 s)
         os.kill(pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=300)
