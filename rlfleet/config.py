@@ -88,6 +88,11 @@ class RolloutConfig(ServiceEndpointConfig):
     max_new_tokens: int = Field(8, ge=1, le=65536)
     stop: list[str] = Field(default_factory=list, description="stop strings")
     max_batch_sequences: int = Field(256, ge=1, description="sequences generated together in one batch")
+    hf_decode: Literal["auto", "static", "generate"] = Field(
+        "auto", description="transformers backend's decode loop: `static` is rlfleet's static-KV-cache loop "
+        "(Llama/Qwen2/Qwen3/Mistral), `generate` transformers' generate(); auto: static where supported")
+    cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static loop's decode "
+                              "step as a CUDA graph")
 
 
 class RewardConfig(ServiceEndpointConfig):
@@ -129,6 +134,26 @@ class LearnerConfig(ServiceEndpointConfig):
     world_size: int = Field(1, ge=1, le=1024, description="learner processes the policy is sharded across "
                             "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
                             "(docs/deployment/multi-gpu-learner.md)")
+
+    logprob_chunk_tokens: int = Field(0, ge=0, description="compute log-probs/entropies through the lm_head "
+                                      "this many tokens at a time, recomputing each chunk's logits in backward, "
+                                      "so full-vocabulary logits never exist for the whole micro-batch; "
+                                      "0 materialises all logits (e.g. 4096 for a 150k vocabulary)")
+    pack_sequences: bool = Field(False, description="pack several samples into one model row (position ids "
+                                 "restart per sample, block-diagonal causal attention) instead of padding; "
+                                 "micro_batch_tokens then counts real tokens")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
+                                         "(non-reentrant): less memory, ~1/3 more compute; pair with a larger "
+                                         "micro_batch_tokens")
+
+    @model_validator(mode="after")
+    def _sharded_options(self) -> LearnerConfig:
+        # The sharded learner (services/learner/fsdp.py) runs the plain forward: chunking reads the
+        # lm_head weight outside the FSDP-wrapped forward, where it is still sharded.
+        if self.world_size > 1 and (self.logprob_chunk_tokens > 0 or self.pack_sequences):
+            raise ValueError("learner.logprob_chunk_tokens and learner.pack_sequences are single-process "
+                             "options for now; set them to 0/false with learner.world_size > 1")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -25,7 +25,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
             engine = VLLMEngine(path, device, dtype, cfg.rollout, seed=cfg.run.seed)
         else:
             from services.rollout.engines.hf import HFEngine
-            engine = HFEngine(path, device, dtype, cfg.rollout.max_batch_sequences)
+            engine = HFEngine(path, device, dtype, cfg.rollout.max_batch_sequences, cfg.rollout.hf_decode,
+                              cfg.rollout.cuda_graphs)
         servicer.attach(engine)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,

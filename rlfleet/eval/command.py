@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         device = resolve_device(cfg.rollout.device)
         engine = HFEngine(
-            model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences
+            model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences,
+            cfg.rollout.hf_decode, cfg.rollout.cuda_graphs,
         )
         prompts, too_long = load_prompts(
             [Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length

@@ -7,6 +7,8 @@ import torch
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.types import TrainSample
+from services.learner.packing import PackedLayout
+from services.learner.packing import pack as pack_layout
 
 
 @dataclass
@@ -20,6 +22,7 @@ class MicroBatch:
     behaviour_logprobs_B_T: torch.Tensor
     advantages_B: torch.Tensor
     rewards_B: torch.Tensor
+    packed: PackedLayout | None = None  # model input without padding (learner.pack_sequences)
 
     @property
     def num_tokens(self) -> int:
@@ -78,7 +81,8 @@ def split_mini_batches(samples: list[TrainSample], count: int) -> list[list[Trai
     return chunks
 
 
-def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
+def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack: bool = False) -> MicroBatch:
+    """Padded rows; with ``pack`` also the packed layout the model then runs on (packing.py)."""
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     B, L = len(samples), max(lengths)
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -98,4 +102,4 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device) -> Mi
         input_ids_B_L=input_ids.to(device), attention_mask_B_L=attention.to(device),
         targets_B_T=input_ids[:, 1:].to(device), response_mask_B_T=response_mask.to(device),
         behaviour_logprobs_B_T=behaviour.to(device), advantages_B=advantages.to(device),
-        rewards_B=rewards.to(device))
+        rewards_B=rewards.to(device), packed=pack_layout(samples, pad_id, device) if pack else None)

@@ -37,7 +37,17 @@ class Learner:
         self.checkpoint_dir = checkpoint_dir
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = apply_lora(AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device), cfg.lora)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+        if cfg.gradient_checkpointing:
+            # Non-reentrant: works with inputs that need no grad (frozen embeddings under LoRA) and
+            # with the chunked lm_head, and is the variant torch recommends.
+            # (transformers >= 5.2x renamed gradient_checkpointing_enable; same torch checkpoint underneath.)
+            enable = getattr(base, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = apply_lora(base, cfg.lora)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,

@@ -10,12 +10,12 @@ import copy
 import torch
 
 from services.learner.batching import MicroBatch
-from services.learner.loss import token_logprobs
+from services.learner.forward import PLAIN, ForwardSettings, policy_logprobs
 
 
-def model_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> torch.Tensor:
-    logits = model(input_ids=mb.input_ids_B_L, attention_mask=mb.attention_mask_B_L).logits
-    return token_logprobs(logits[:, :-1], mb.targets_B_T, temperature)
+def model_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float,
+                   forward: ForwardSettings = PLAIN) -> torch.Tensor:
+    return policy_logprobs(model, mb, temperature, forward, with_entropy=False)[0]
 
 
 class FrozenCopyReference:
@@ -23,8 +23,8 @@ class FrozenCopyReference:
         self.model = copy.deepcopy(policy).eval().requires_grad_(False)
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
-        return model_logprobs(self.model, mb, temperature)
+    def logprobs(self, mb: MicroBatch, temperature: float, forward: ForwardSettings = PLAIN) -> torch.Tensor:
+        return model_logprobs(self.model, mb, temperature, forward)
 
 
 class AdapterDisabledReference:
@@ -32,6 +32,6 @@ class AdapterDisabledReference:
         self.model = peft_policy
 
     @torch.no_grad()
-    def logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+    def logprobs(self, mb: MicroBatch, temperature: float, forward: ForwardSettings = PLAIN) -> torch.Tensor:
         with self.model.disable_adapter():
-            return model_logprobs(self.model, mb, temperature)
+            return model_logprobs(self.model, mb, temperature, forward)

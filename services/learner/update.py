@@ -28,7 +28,9 @@ from services.learner.algorithms.off_policy import OFF_POLICY
 from services.learner.algorithms.policy_losses import ClipSettings
 from services.learner.batching import MicroBatch, collate, split_by_token_budget, split_mini_batches
 from services.learner.critic import Critic
-from services.learner.loss import masked_token_mean, token_entropy, token_logprobs
+from services.learner.forward import PLAIN, ForwardSettings, policy_logprobs
+from services.learner.loss import masked_token_mean
+from services.learner.packing import split_by_packed_budget
 from services.learner.reference import model_logprobs
 
 
@@ -69,12 +71,14 @@ class _Means:
 class PolicyUpdate:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, algo: AlgorithmConfig, *,
                  grad_clip: float, micro_batch_tokens: int, pad_id: int, device: torch.device,
-                 loss_scale_tokens: int, reference=None, critic: Critic | None = None):
+                 loss_scale_tokens: int, reference=None, critic: Critic | None = None,
+                 forward: ForwardSettings = PLAIN):
         self.model, self.optimizer, self.algo = model, optimizer, algo
         self.grad_clip, self.micro_batch_tokens = grad_clip, micro_batch_tokens
         self.pad_id, self.device = pad_id, device
         self.loss_scale_tokens = loss_scale_tokens
         self.reference, self.critic = reference, critic
+        self.forward = forward  # how logits and inputs are laid out (services/learner/forward.py)
         self.estimator = ADVANTAGES.get(algo.advantage)
         self.correction = OFF_POLICY.get(algo.off_policy)
         self.weights_of = LOSS_AGGREGATIONS.get(algo.loss_agg)
@@ -94,12 +98,12 @@ class PolicyUpdate:
     def _prepare(self, mb: MicroBatch, temperature: float, means: _Means) -> Prepared:
         p = Prepared(mb)
         if self.correction.recomputes_old or self.algo.kl_in_reward:
-            p.old_logprobs_B_T = model_logprobs(self.model, mb, temperature)
+            p.old_logprobs_B_T = model_logprobs(self.model, mb, temperature, self.forward)
             diff_B_T = (p.old_logprobs_B_T - mb.behaviour_logprobs_B_T).abs()
             means.add_tokens({"rollout/logprob_diff_mean": masked_token_mean(diff_B_T, mb.response_mask_B_T)},
                              mb.num_tokens)
         if self.reference is not None:
-            p.ref_logprobs_B_T = self.reference.logprobs(mb, temperature)
+            p.ref_logprobs_B_T = self.reference.logprobs(mb, temperature, self.forward)
         if self.algo.kl_in_reward:
             p.kl_penalty_B_T = self.algo.kl_coef * self.kl_of(p.old_logprobs_B_T, p.ref_logprobs_B_T)
             means.add_tokens({"actor/reward_kl_penalty": masked_token_mean(p.kl_penalty_B_T, mb.response_mask_B_T)},
@@ -125,13 +129,9 @@ class PolicyUpdate:
     def _backward(self, p: Prepared, counts: BatchCounts, temperature: float, first_pass: bool) -> dict:
         """Forward, loss and backward of one micro-batch (gradients accumulate); returns its metrics."""
         mb = p.mb
-        logits_B_T_V = self.model(input_ids=mb.input_ids_B_L, attention_mask=mb.attention_mask_B_L).logits[:, :-1]
-        logprobs_B_T = token_logprobs(logits_B_T_V, mb.targets_B_T, temperature)
-        if self.algo.entropy_coef > 0:
-            entropy_B_T = token_entropy(logits_B_T_V, temperature)
-        else:
-            with torch.no_grad():
-                entropy_B_T = token_entropy(logits_B_T_V, temperature)
+        # The entropy is always a metric; it is differentiated only when it is in the loss.
+        logprobs_B_T, entropy_B_T = policy_logprobs(self.model, mb, temperature, self.forward,
+                                                    entropy_grad=self.algo.entropy_coef > 0)
         correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
                                            self.algo.is_cap)
         out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
@@ -159,8 +159,10 @@ class PolicyUpdate:
 
     def run(self, batch: TrainBatch) -> dict[str, float]:
         means = _Means()
-        minis = [[self._prepare(collate(chunk, self.pad_id, self.device), batch.temperature, means)
-                  for chunk in split_by_token_budget(mini, self.micro_batch_tokens)]
+        pack = self.forward.pack_sequences
+        split = split_by_packed_budget if pack else split_by_token_budget
+        minis = [[self._prepare(collate(chunk, self.pad_id, self.device, pack), batch.temperature, means)
+                  for chunk in split(mini, self.micro_batch_tokens)]
                  for mini in split_mini_batches(batch.samples, self.algo.mini_batches)]
         self._estimate([p for mini in minis for p in mini], means)
         for epoch in range(self.algo.ppo_epochs):
@@ -197,4 +199,4 @@ def build_policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return PolicyUpdate(model, optimizer, algo, grad_clip=learner_cfg.grad_clip,
                         micro_batch_tokens=learner_cfg.micro_batch_tokens, pad_id=pad_id, device=device,
                         loss_scale_tokens=algo.loss_scale_tokens or max_response_tokens,
-                        reference=reference, critic=critic)
+                        reference=reference, critic=critic, forward=ForwardSettings.of(learner_cfg))

@@ -1,5 +1,7 @@
-"""Transformers backend: batched `generate` with the sampled tokens' logprobs.
+"""Transformers backend: batched generation with the sampled tokens' logprobs.
 
+Generation runs rlfleet's static-KV-cache decode loop (`static_generate.py`, replayed as a
+CUDA graph on GPU) for the architectures it supports, else transformers' `generate()`.
 A lock serialises generation chunks and weight swaps, so a chunk is generated
 entirely by one policy version and an update lands between chunks.
 """
@@ -9,21 +11,27 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.errors import ConfigError, InvalidRequest, RequestTooLarge
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.naming import model_weights
 from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine
+from services.rollout.engines.decoder import unsupported_reason
+from services.rollout.engines.static_generate import StaticGenerator
 from services.rollout.weight_sync import InProcessWeightSync
+
+log = structlog.get_logger(__name__)
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype, max_batch_sequences: int = 256):
+    def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype, max_batch_sequences: int = 256,
+                 decode: str = "auto", cuda_graphs: bool = True):
         self._device = device
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
@@ -33,9 +41,24 @@ class HFEngine(RolloutEngine):
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._static = self._static_generator(decode, cuda_graphs)
         self._lock = threading.Lock()
         self.policy_version = 0
         self._weights = InProcessWeightSync(device, self.apply_weights)
+
+    def _static_generator(self, decode: str, cuda_graphs: bool) -> StaticGenerator | None:
+        """rlfleet's decode loop unless `generate` was asked for; `auto` falls back to generate()
+        for architectures the loop does not run, `static` insists (rollout.hf_decode)."""
+        if decode == "generate":
+            return None
+        reason = unsupported_reason(self.model)
+        if reason is None:
+            return StaticGenerator(self.model, self.pad_id, self.eos_ids, cuda_graphs)
+        if decode == "static":
+            raise ConfigError(f"rollout.hf_decode=static: the static decode loop cannot run this model ({reason}); "
+                              "use rollout.hf_decode=generate")
+        log.info("rollout.static_decode_unavailable", reason=reason, using="transformers generate()")
+        return None
 
     @property
     def device(self) -> torch.device:
@@ -77,6 +100,19 @@ class HFEngine(RolloutEngine):
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[PromptRequest], params: SamplingParams) -> list[GroupResult]:
         rows = [p.prompt_ids for p in prompts for _ in range(params.n)]
+        with self._lock:
+            version = self.policy_version
+            if self._static is not None:
+                new_ids, logprobs = self._static.generate(rows, params)
+            else:
+                new_ids, logprobs = self._transformers_generate(rows, params)
+        completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
+                       for i in range(len(rows))]
+        return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
+                for g, p in enumerate(prompts)]
+
+    def _transformers_generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """New tokens and their logprobs [rows, T] from transformers' generate() (rollout.hf_decode=generate)."""
         width = max(len(r) for r in rows)
         # Left padding keeps every row's last prompt token in the last column.
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -85,25 +121,19 @@ class HFEngine(RolloutEngine):
             input_ids[i, width - len(r):] = torch.tensor(r)
             attention[i, width - len(r):] = 1
         greedy = params.temperature == 0
-        with self._lock:
-            version = self.policy_version
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                do_sample=not greedy, temperature=None if greedy else params.temperature,
-                top_p=None if greedy else params.top_p, top_k=None if greedy else (params.top_k or 0),
-                max_new_tokens=params.max_new_tokens, min_new_tokens=1,
-                stop_strings=list(params.stop) or None, tokenizer=self.tokenizer if params.stop else None,
-                pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
-                return_dict_in_generate=True, output_logits=True)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p, top_k=None if greedy else (params.top_k or 0),
+            max_new_tokens=params.max_new_tokens, min_new_tokens=1,
+            stop_strings=list(params.stop) or None, tokenizer=self.tokenizer if params.stop else None,
+            pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
+            return_dict_in_generate=True, output_logits=True)
         new_ids = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()
-        logprobs = token_logprobs(logits, new_ids, 1.0 if greedy else params.temperature).cpu()
-        completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
-                       for i in range(len(rows))]
-        return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
-                for g, p in enumerate(prompts)]
+        return new_ids.cpu(), token_logprobs(logits, new_ids, 1.0 if greedy else params.temperature).cpu()
 
     def _completion(self, ids: list[int], logprobs: list[float], params: SamplingParams, version: int) -> Completion:
         # Cut after the first eos (kept, so the learner learns to stop) or at a stop string.

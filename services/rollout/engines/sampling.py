@@ -1,0 +1,51 @@
+"""Next-token choice from float32 logits, as transformers' generate() makes it.
+
+Same order of processing (eos forbidden on the first token, temperature, top-k, top-p) and
+the same logprob convention as the rest of the rollout: log-softmax of the temperature-scaled
+logits before any filtering. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)),
+which draws from p without the host synchronisation torch.multinomial makes.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlfleet.types import SamplingParams
+
+
+class TokenSampler:
+    def __init__(self, params: SamplingParams, eos_ids: list[int], device: torch.device):
+        self.params = params
+        self.greedy = params.temperature == 0
+        self.temperature = 1.0 if self.greedy else params.temperature
+        self.eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+        self.generator = None
+        if params.seed is not None and not self.greedy:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(params.seed)
+
+    def __call__(self, logits: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [B] and their logprobs [B] for logits [B, V]."""
+        scaled = logits / self.temperature if self.temperature != 1.0 else logits
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        choice = scaled.clone() if first else scaled
+        if first:  # min_new_tokens=1: a completion has at least one token before eos
+            choice[:, self.eos] = float("-inf")
+        if self.greedy:
+            tokens = choice.argmax(dim=-1)
+        else:
+            choice = self._filter(choice)
+            noise = torch.empty_like(choice).exponential_(generator=self.generator)
+            tokens = (torch.softmax(choice, dim=-1) / noise).argmax(dim=-1)
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+
+    def _filter(self, logits: torch.Tensor) -> torch.Tensor:
+        top_k, top_p = self.params.top_k, self.params.top_p
+        if top_k and top_k < logits.shape[-1]:
+            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if top_p < 1.0:
+            ascending, order = torch.sort(logits, dim=-1)
+            drop = torch.softmax(ascending, dim=-1).cumsum(dim=-1) <= 1 - top_p
+            drop[:, -1] = False  # the most likely token always stays
+            logits = logits.scatter(1, order, ascending.masked_fill(drop, float("-inf")))
+        return logits

@@ -1,0 +1,70 @@
+"""Batched generation with rlfleet's static-cache decode loop (CUDA-graph replayed on GPU).
+
+Gives what `generate(..., output_logits=True)` gave the HF engine: for each row the new
+tokens (pad after its eos) and each token's logprob, with generation ending when every
+row has produced an eos or `max_new_tokens` tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlfleet.types import SamplingParams
+from services.rollout.engines.decoder import StaticDecoder
+from services.rollout.engines.graphs import SlotCache
+from services.rollout.engines.sampling import TokenSampler
+
+FINISH_CHECK_EVERY = 8  # steps between the host's looks at "has every row finished?" (each one syncs)
+
+
+class StaticGenerator:
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: list[int], cuda_graphs: bool):
+        self.decoder = StaticDecoder(model)
+        self.device = next(model.parameters()).device
+        self.pad_id, self.eos_ids = pad_id, eos_ids
+        self.slots = SlotCache(self.decoder, capture=cuda_graphs and self.device.type == "cuda")
+
+    @torch.no_grad()
+    def generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """New tokens [len(rows), T] and their logprobs [len(rows), T] (on the CPU), T <= max_new_tokens."""
+        width, new = max(len(r) for r in rows), params.max_new_tokens
+        slot = self.slots.get(len(rows), width + new)
+        batch = slot.batch
+        ids, valid, positions = self._left_padded(rows, batch, width)
+        lengths = valid.sum(dim=1)
+        slot.valid.zero_()
+        slot.valid[:, :width] = valid
+        sampler = TokenSampler(params, self.eos_ids, self.device)
+        eos = sampler.eos
+        tokens = torch.full((batch, new), self.pad_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((batch, new), dtype=torch.float32, device=self.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        finished[len(rows):] = True  # bucket padding rows never hold generation up
+        logits = self.decoder.prefill(slot.cache, ids, positions, slot.valid)
+        steps = new
+        for t in range(new):
+            if t:
+                slot.ids.copy_(tokens[:, t - 1])
+                torch.add(lengths, t - 1, out=slot.positions)
+                slot.column.fill_(width + t - 1)
+                logits = slot.step()
+            token, logprob = sampler(logits, first=t == 0)
+            tokens[:, t] = torch.where(finished, self.pad_id, token)  # a finished row emits padding
+            logprobs[:, t] = torch.where(finished, 0.0, logprob)
+            finished |= torch.isin(token, eos)
+            if (t + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all()):
+                steps = t + 1
+                break
+        return tokens[:len(rows), :steps].cpu(), logprobs[:len(rows), :steps].cpu()
+
+    def _left_padded(self, rows: list[list[int]], batch: int, width: int):
+        """ids, valid and rotary positions [batch, width]: each row's last prompt token in the last
+        column, positions 0.. over its own tokens (1 on padding, as transformers sets them)."""
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((batch, width), dtype=torch.bool)
+        positions = torch.ones((batch, width), dtype=torch.long)
+        for i in range(batch):
+            row = rows[i] if i < len(rows) else [self.pad_id]  # bucket padding: one pad token
+            ids[i, width - len(row):] = torch.tensor(row)
+            valid[i, width - len(row):] = True
+            positions[i, width - len(row):] = torch.arange(len(row))
+        return ids.to(self.device), valid.to(self.device), positions.to(self.device)

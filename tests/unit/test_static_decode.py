@@ -1,0 +1,131 @@
+"""rlfleet's static-KV-cache decode loop against transformers' generate() on CPU.
+
+Greedy decoding in float32 must pick the very same tokens, with the same logprobs, for every
+architecture the loop runs; the GPU counterpart (CUDA graphs) is tests/gpu/test_fast_rollout.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from rlfleet.types import SamplingParams
+from services.rollout.engines.decoder import unsupported_reason
+from services.rollout.engines.graphs import batch_bucket, length_bucket
+from services.rollout.engines.static_generate import StaticGenerator
+
+pytestmark = pytest.mark.unit
+
+PAD, EOS = 0, 1
+# Prompts of different lengths, so rows are left-padded differently.
+ROWS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [20] * 9, [3]]
+SHAPE = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.5)  # large init: varied tokens
+
+
+def _model(kind: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True)).eval()
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)).eval()
+    return LlamaForCausalLM(LlamaConfig(**SHAPE, rope_scaling={"rope_type": "linear", "factor": 2.0})).eval()
+
+
+def transformers_greedy(model: torch.nn.Module, rows: list[list[int]], new: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=1,
+                         pad_token_id=PAD, eos_token_id=[EOS], return_dict_in_generate=True, output_logits=True)
+    tokens = out.sequences[:, width:]
+    logprobs = torch.stack(out.logits, 1).float().log_softmax(-1).gather(2, tokens[..., None])[..., 0]
+    return tokens.cpu(), logprobs.cpu()
+
+
+def _until_eos(tokens: torch.Tensor, values: torch.Tensor, row: int) -> torch.Tensor:
+    ids = tokens[row].tolist()
+    end = ids.index(EOS) + 1 if EOS in ids else len(ids)
+    return values[row, :end]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_greedy_tokens_and_logprobs_match_transformers_generate(kind):
+    model = _model(kind)
+    ours, our_logprobs = StaticGenerator(model, PAD, [EOS], cuda_graphs=False).generate(
+        ROWS, SamplingParams(temperature=0.0, max_new_tokens=24))
+    theirs, their_logprobs = transformers_greedy(model, ROWS, 24)
+    assert ours.shape == theirs.shape
+    assert torch.equal(ours, theirs)
+    assert len(set(ours.flatten().tolist())) > 20  # really varied output, not one repeated token
+    for row in range(len(ROWS)):
+        torch.testing.assert_close(_until_eos(ours, our_logprobs, row), _until_eos(theirs, their_logprobs, row),
+                                   atol=1e-4, rtol=0)
+
+
+def test_rows_end_at_eos_and_generation_stops_when_every_row_has():
+    model = _model("qwen2")
+    with torch.no_grad():  # make eos the likeliest token once anything has been generated
+        model.lm_head.weight[EOS] = model.lm_head.weight[2:].mean(0) * 0 + 3 * model.model.norm.weight.sign()
+    tokens, logprobs = StaticGenerator(model, PAD, [EOS], cuda_graphs=False).generate(
+        ROWS, SamplingParams(temperature=0.0, max_new_tokens=40))
+    theirs, _ = transformers_greedy(model, ROWS, 40)
+    assert tokens.shape[1] < 40  # stopped early: every row has its eos (looked at every few steps)
+    assert torch.equal(tokens[:, :theirs.shape[1]], theirs) and tokens[:, theirs.shape[1]:].eq(PAD).all()
+    for row in range(len(ROWS)):
+        ids = tokens[row].tolist()
+        assert ids[0] != EOS  # at least one token before eos, as generate(min_new_tokens=1)
+        end = ids.index(EOS) + 1
+        assert set(ids[end:]) <= {PAD} and logprobs[row, end:].eq(0).all()
+
+
+def test_weights_copied_in_place_are_used_by_the_next_generation():
+    model, other = _model("qwen2", seed=0), _model("qwen2", seed=1)
+    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    before, _ = generator.generate(ROWS, params)
+    with torch.no_grad():
+        for mine, theirs in zip(model.parameters(), other.parameters()):
+            mine.copy_(theirs)
+    after, _ = generator.generate(ROWS, params)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, transformers_greedy(other, ROWS, 12)[0])
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
+    model = _model("qwen2")
+    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
+    sampled = SamplingParams(temperature=1.3, top_p=0.9, top_k=20, max_new_tokens=16, seed=7)
+    first, logprobs = generator.generate(ROWS, sampled)
+    again, _ = generator.generate(ROWS, sampled)
+    other, _ = generator.generate(ROWS, SamplingParams(temperature=1.3, top_p=0.9, top_k=20, max_new_tokens=16, seed=8))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert (logprobs <= 0).all()
+    top1, _ = generator.generate(ROWS, SamplingParams(temperature=0.7, top_k=1, max_new_tokens=16, seed=1))
+    greedy, _ = generator.generate(ROWS, SamplingParams(temperature=0.0, max_new_tokens=16))
+    assert torch.equal(top1, greedy)
+
+
+def test_top_p_keeps_only_the_nucleus():
+    """With top_p small enough to keep one token per step, sampling is greedy whatever the seed."""
+    model = _model("llama")
+    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
+    greedy, _ = generator.generate(ROWS, SamplingParams(temperature=0.0, max_new_tokens=10))
+    for seed in range(3):
+        nucleus, _ = generator.generate(ROWS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=10, seed=seed))
+        assert torch.equal(nucleus, greedy)
+
+
+def test_unsupported_architectures_are_named():
+    model = _model("qwen2")
+    assert unsupported_reason(model) is None
+    model.config.model_type = "gpt_neox"
+    assert "gpt_neox" in unsupported_reason(model)
+
+
+def test_buckets_round_up():
+    assert [batch_bucket(n) for n in (1, 3, 64, 65, 256)] == [1, 4, 64, 128, 256]
+    assert [length_bucket(n) for n in (1, 64, 65, 384)] == [64, 64, 128, 384]
