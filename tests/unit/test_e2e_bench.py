@@ -1,0 +1,24 @@
+"""bench/e2e_grpo.py's arithmetic: throughput from the end of the warm-up step to the end of the last."""
+from bench.e2e_common import ArmResult, StepRecord, format_table
+
+
+def test_measured_excludes_warmup_steps():
+    # steps end at t = 10, 12, 13, 15 s; warm-up 1 -> window 10 s .. 15 s = 5 s over steps 2-4:
+    # 3 x 8 samples = 24 samples / 5 s = 4.8/s; tokens 3 x 100 = 300 / 5 s = 60/s.
+    steps = [StepRecord(1, 10.0, 8, 999), StepRecord(2, 12.0, 8, 100), StepRecord(3, 13.0, 8, 100),
+             StepRecord(4, 15.0, 8, 100)]
+    m = ArmResult("x", steps, total_s=20.0).measured(warmup=1)
+    assert m["steps"] == 3 and m["wall_s"] == 5.0
+    assert m["samples_per_s"] == 4.8 and m["gen_tokens_per_s"] == 60.0 and m["mean_len"] == 12.5
+
+
+def test_measured_needs_the_warmup_step_and_a_later_one():
+    assert ArmResult("x", [StepRecord(1, 1.0, 8, 10)], 2.0).measured(warmup=1) == {}
+    assert ArmResult("x", [StepRecord(2, 1.0, 8, 10)], 2.0).measured(warmup=1) == {}
+
+
+def test_table_ratio_is_against_trl():
+    trl = ArmResult("trl", [StepRecord(1, 0.0, 1, 10), StepRecord(2, 1.0, 1, 10)], 5.0)
+    fast = ArmResult("rlfleet-async", [StepRecord(1, 0.0, 1, 10), StepRecord(2, 0.5, 1, 10)], 5.0)
+    table = format_table([fast, trl], warmup=1)
+    assert "| 2.00x |" in table and "| 1.00x |" in table
