@@ -58,7 +58,8 @@ class DecodeSlot:
                 self._eager()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: the weight-sync thread may receive a broadcast while this thread captures.
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self._logits = self._eager()
 
     def step(self) -> torch.Tensor:
