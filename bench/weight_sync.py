@@ -6,6 +6,11 @@ bf16 weights), rank 1 the rollout (the same architecture). For each shape it tim
   rlfleet: WeightSender.push -> WeightReceiver.receive -> apply_to_module (what PullWeights
            does), from push start until the receiver has applied the new version;
 and prints the ratio. Usage: python bench/weight_sync.py [--shapes 0.5b,1.5b,7b] [--out FILE]
+
+`--device cpu` runs both ranks on the CPU over gloo, and `--scale N` divides every width
+(hidden, intermediate, vocab) by N while keeping the tensor count: the fixed per-push cost
+(manifest, one copy per tensor, syncs) shows without a GPU, e.g.
+  python bench/weight_sync.py --device cpu --shapes 0.5b --scale 8 --reps 20
 """
 from __future__ import annotations
 
@@ -26,10 +31,11 @@ SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vo
 }
 
 
-def build(shape: str, device: torch.device) -> torch.nn.Module:
+def build(shape: str, device: torch.device, scale: int = 1) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     h, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
+    h, inter, vocab = h // scale // heads * heads, inter // scale, vocab // scale  # heads must divide h
     cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
     with torch.device(device):
@@ -37,30 +43,35 @@ def build(shape: str, device: torch.device) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def worker(rank: int, shape: str, address_q, result_q, reps: int) -> None:
+def worker(rank: int, shape: str, address_q, result_q, reps: int, on_cpu: bool, scale: int) -> None:
     from rlfleet.weights import WeightGroup, WeightReceiver, WeightSender, apply_to_module
     from rlfleet.weights.naming import model_weights
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    model = build(shape, device)
+    if on_cpu:
+        torch.set_num_threads(1)  # two ranks share the machine's cores
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        torch.cuda.set_device(rank)
+        device, backend = torch.device("cuda", rank), "nccl"
+    sync = (lambda: None) if on_cpu else torch.cuda.synchronize
+    model = build(shape, device, scale)
     weights = model_weights(model)
     nbytes = sum(t.numel() * t.element_size() for _, t in weights)
-    group = (WeightGroup.host(2, backend="nccl", timeout_s=120, device=device) if rank == 0
-             else WeightGroup.join(address_q.get(), 1, 2, backend="nccl", timeout_s=120, device=device))
+    group = (WeightGroup.host(2, backend=backend, timeout_s=120, device=device) if rank == 0
+             else WeightGroup.join(address_q.get(), 1, 2, backend=backend, timeout_s=120, device=device))
     if rank == 0:
         address_q.put(group.address)
     group.connect()
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     raw, ours = [], []
     sender = WeightSender(group, checksums=CHECKSUMS) if rank == 0 else None
-    receiver = WeightReceiver(group) if rank == 1 else None
+    receiver = WeightReceiver(group, reuse_buffers=True) if rank == 1 else None  # as PullWeights does
     for i in range(reps + 1):  # the first round warms NCCL up and is not counted
-        torch.cuda.synchronize()
+        sync()
         group.broadcast(torch.zeros(1, device=device))  # line both ranks up
         t0 = time.perf_counter()
         group.broadcast(flat)
-        torch.cuda.synchronize()
+        sync()
         t_raw = time.perf_counter() - t0
         group.broadcast(torch.zeros(1, device=device))
         t0 = time.perf_counter()
@@ -70,14 +81,15 @@ def worker(rank: int, shape: str, address_q, result_q, reps: int) -> None:
             received = receiver.receive(expected_version=i)
             apply_to_module(model, received.tensors)
             del received
-        torch.cuda.synchronize()
+        sync()
         t_ours = time.perf_counter() - t0
         if i:
             raw.append(t_raw)
             ours.append(t_ours)
     if rank == 1:
-        result_q.put({"shape": shape, "bytes": nbytes, "raw_s": statistics.median(raw),
-                      "rlfleet_s": statistics.median(ours)})
+        result_q.put({"shape": shape, "tensors": len(weights), "bytes": nbytes, "raw_s": statistics.median(raw),
+                      "rlfleet_s": statistics.median(ours),
+                      "raw_min_s": min(raw), "rlfleet_min_s": min(ours)})
     group.close()
 
 
@@ -85,13 +97,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="0.5b,1.5b,7b")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--scale", type=int, default=1, help="divide hidden/intermediate/vocab by this")
     parser.add_argument("--out")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     rows = []
     for shape in args.shapes.split(","):
         address_q, result_q = ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=worker, args=(r, shape, address_q, result_q, args.reps)) for r in (0, 1)]
+        procs = [ctx.Process(target=worker, args=(r, shape, address_q, result_q, args.reps, args.device == "cpu",
+                                                  args.scale)) for r in (0, 1)]
         for p in procs:
             p.start()
         row = result_q.get(timeout=900)
@@ -100,12 +115,15 @@ def main() -> None:
         row["ratio"] = row["rlfleet_s"] / row["raw_s"]
         row["raw_GBps"] = row["bytes"] / row["raw_s"] / 1e9
         rows.append(row)
-        print(f"weight sync {shape}: {row['bytes'] / 1e9:.2f} GB | raw NCCL {row['raw_s'] * 1e3:.1f} ms "
+        transport = "gloo" if args.device == "cpu" else "NCCL"
+        print(f"weight sync {shape}/{args.scale} ({row['tensors']} tensors, {args.device}): "
+              f"{row['bytes'] / 1e9:.3f} GB | raw {transport} {row['raw_s'] * 1e3:.1f} ms "
               f"({row['raw_GBps']:.0f} GB/s) | rlfleet push->applied {row['rlfleet_s'] * 1e3:.1f} ms "
-              f"| ratio {row['ratio']:.2f}x", flush=True)
+              f"| ratio {row['ratio']:.2f}x | best raw {row['raw_min_s'] * 1e3:.1f} ms, "
+              f"rlfleet {row['rlfleet_min_s'] * 1e3:.1f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpus": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": rows}, f, indent=2)
+            json.dump({"gpus": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "torch": torch.__version__, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

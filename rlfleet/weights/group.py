@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from rlfleet.errors import InvalidRequest, WeightSyncError  # InvalidRequest is a ValueError
 
-_PROTOCOL = 1  # bumped when the wire format (manifest/buckets) changes
+_PROTOCOL = 2  # bumped when the wire format (header/manifest/buckets) changes; 2: header + layout on change
 _KEY_ROOT = "rlfleet/weights"
 
 
@@ -72,6 +72,11 @@ class WeightGroup:
         self._used: set[int] = set()  # a prefix's rendezvous keys are never reset, so never reuse one
         self._broken: str | None = None
         self._token = token or None  # admits ranks: see _admit()
+        # What the sender and receivers remember between pushes (the last layout sent). It lives
+        # here, not in WeightSender/WeightReceiver, because it is only valid for the ranks that saw
+        # the same broadcasts: it is cleared whenever the process group is dropped or rebuilt, on
+        # every rank alike, so a rebuilt group always starts with the full layout again.
+        self.cache: dict[str, object] = {}
 
     @classmethod
     def host(cls, world_size: int, backend: str = "gloo", host: str = "127.0.0.1", port: int = 0,
@@ -140,6 +145,7 @@ class WeightGroup:
             self._broken = f"building {self.backend} weight group failed: {e}"
             raise WeightSyncError(self._broken) from e
         self._generation, self._broken = generation, None
+        self.cache.clear()
         hello = torch.tensor([_PROTOCOL, self.world_size, generation], dtype=torch.int64, device=self.device)
         self.broadcast(hello)  # also forces NCCL's lazy communicator init inside the timeout
         if hello.tolist() != [_PROTOCOL, self.world_size, generation]:
@@ -220,6 +226,10 @@ class WeightGroup:
         except Exception as e:
             self._fail(e)
 
+    def fail(self, reason: str) -> NoReturn:
+        """Breaks the group from above (a rank can no longer follow the push): every rank must reconnect."""
+        self._fail(WeightSyncError(f"weight group rank {self.rank}: {reason}"))
+
     def _fail(self, e: Exception) -> NoReturn:
         """Marks the group broken (every rank must reconnect) and raises WeightSyncError."""
         self._broken = f"{type(e).__name__}: {e}"
@@ -229,17 +239,23 @@ class WeightGroup:
         raise WeightSyncError(f"weight broadcast failed on rank {self.rank}: {e}") from e
 
     def _poll(self, work: dist.Work) -> None:
-        """NCCL's ``wait()`` only orders streams; poll completion on the CPU with a deadline."""
-        deadline, delay = time.monotonic() + self.timeout_s, 1e-4
+        """NCCL's ``wait()`` only orders streams; poll completion on the CPU with a deadline.
+
+        The sleep grows with the time already waited (1/16 of it, 20 us to 10 ms), so a broadcast
+        is noticed at most ~6 % after it completes: a doubling backoff could oversleep a 4 ms
+        broadcast by up to 3 ms, which on a small model was a large part of the push."""
+        start = time.monotonic()
+        deadline = start + self.timeout_s
         while not work.is_completed():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank {self.rank}")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
+            time.sleep(min(0.01, max(2e-5, (now - start) / 16)))
         work.wait()  # re-raises a stored error; makes the current stream wait for NCCL's
 
     def _drop(self, abort: bool) -> None:
         pg, self._pg = self._pg, None
+        self.cache.clear()
         if pg is None or self.backend == "gloo":
             return  # gloo needs no teardown: dropping the object closes its sockets
         try:

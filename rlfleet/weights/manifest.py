@@ -8,11 +8,19 @@ buffer doubles peak memory. Parameters are grouped by dtype (a bucket is a flat
 Why JSON: the manifest crosses a process (and trust) boundary, so nothing is
 pickled. It carries a per-bucket checksum computed on the device, so a receiver
 can prove its buckets are bit-identical to what the learner packed.
+
+Why a header: the layout (names, shapes, dtypes, buckets) almost never changes
+between pushes, yet encoding, sending and parsing it cost milliseconds. So each
+push opens with a small fixed-size header (version, bucket count, checksum flag,
+SHA-256 of the layout, and the layout's byte length when it follows); the layout
+itself (version 0, no checksums) is sent only when its digest differs from the
+one both sides remember for the current group generation.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,9 +78,22 @@ class Manifest:
         return sum(b.nbytes for b in self.buckets)
 
     def to_bytes(self) -> bytes:
+        # Literal dicts, not dataclasses.asdict (which deep-copies): same JSON, ~10x faster.
         doc = {"format": FORMAT, "version": self.version,
-               "entries": [asdict(e) for e in self.entries], "buckets": [asdict(b) for b in self.buckets]}
+               "entries": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "bucket": e.bucket,
+                            "offset": e.offset, "numel": e.numel} for e in self.entries],
+               "buckets": [{"dtype": b.dtype, "numel": b.numel, "checksum": list(b.checksum)} for b in self.buckets]}
         return json.dumps(doc, separators=(",", ":")).encode()
+
+    def layout(self) -> Manifest:
+        """The part that is the same from push to push: version 0, no checksums."""
+        return Manifest(0, self.entries, [BucketSpec(b.dtype, b.numel, ()) for b in self.buckets])
+
+    def with_push(self, version: int, checksums: list[tuple[int, int]] | None) -> Manifest:
+        """This layout as pushed at `version`, with the bucket checksums that came with it."""
+        buckets = self.buckets if checksums is None else [
+            BucketSpec(b.dtype, b.numel, c) for b, c in zip(self.buckets, checksums)]
+        return Manifest(version, self.entries, buckets)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
@@ -98,6 +119,26 @@ class Manifest:
                     or e.numel != _prod(e.shape)):
                 raise WeightSyncError(f"manifest entry {e.name!r} does not fit its bucket")
         return man
+
+
+HEADER_WORDS = 8  # int64: version, buckets, layout bytes (0 = unchanged), flags, 4 words of SHA-256
+FLAG_CHECKSUMS = 1  # an int64 tensor of 2 words per bucket follows the header (and the layout)
+
+
+def layout_digest(data: bytes) -> tuple[int, ...]:
+    """SHA-256 of a layout's bytes as 4 signed int64 words, to travel in the int64 header."""
+    raw = hashlib.sha256(data).digest()
+    return tuple(int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, 32, 8))
+
+
+def encode_header(version: int, buckets: int, layout_bytes: int, flags: int, digest: tuple[int, ...]) -> list[int]:
+    return [version, buckets, layout_bytes, flags, *digest]
+
+
+def decode_header(words: list[int]) -> tuple[int, int, int, int, tuple[int, ...]]:
+    if len(words) != HEADER_WORDS:
+        raise WeightSyncError(f"weight push header has {len(words)} words, expected {HEADER_WORDS}")
+    return words[0], words[1], words[2], words[3], tuple(words[4:])
 
 
 def _prod(shape: tuple[int, ...]) -> int:

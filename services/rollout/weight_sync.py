@@ -2,6 +2,10 @@
 
 Receives a broadcast into staging buffers while generation goes on, then hands
 the complete set to `apply` (which swaps it in atomically).
+
+`apply` must copy the tensors (apply_to_module does) and not keep them: the staging
+buffers are reused by the next pull (WeightReceiver(reuse_buffers=True)), which saves
+an allocation and a view per tensor on every push.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ class InProcessWeightSync:
             self._group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
                                            timeout_s=timeout_s, device=transfer_device(backend, self.device),
                                            token=token)
-            self._receiver = WeightReceiver(self._group)
+            self._receiver = WeightReceiver(self._group, reuse_buffers=True)
 
     def pull(self, version: int) -> dict[str, float]:
         """Receives the broadcast of `version` and swaps it in; generation keeps serving the old

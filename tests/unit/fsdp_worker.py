@@ -48,6 +48,7 @@ def failed_push(front, learner) -> str:
 
     from rlfleet.errors import WeightSyncError
     from rlfleet.weights import WeightGroup
+    from rlfleet.weights.manifest import HEADER_WORDS
 
     address, _ = front.open_weight_group(2, "127.0.0.1", 5.0)
     learner._sender.bucket_bytes = 16 << 10  # ~45 buckets instead of one
@@ -55,9 +56,9 @@ def failed_push(front, learner) -> str:
     def rollout_that_leaves() -> None:
         group = WeightGroup.join(address, 1, 2, "gloo", timeout_s=5.0)
         group.connect()
-        size = torch.zeros(1, dtype=torch.int64)
-        group.broadcast(size)
-        group.broadcast(torch.empty(int(size), dtype=torch.uint8))  # the manifest
+        header = torch.zeros(HEADER_WORDS, dtype=torch.int64)  # rlfleet.weights.manifest's push header
+        group.broadcast(header)
+        group.broadcast(torch.empty(int(header[2]), dtype=torch.uint8))  # the layout (a first push sends it)
         group.close()
 
     thread = threading.Thread(target=rollout_that_leaves)

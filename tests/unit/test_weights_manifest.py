@@ -128,3 +128,28 @@ def test_apply_to_module_strict_names_and_shapes() -> None:
     with pytest.raises(WeightSyncError):  # nothing is written when validation fails
         apply_to_module(fresh, {"lin.weight": torch.zeros(3, 4), "lin.bias": torch.zeros(2)}, strict=False)
     assert torch.equal(fresh.lin.weight, before)
+
+
+def test_layout_and_header_round_trip() -> None:
+    import json
+    from dataclasses import asdict
+
+    from rlfleet.weights.manifest import HEADER_WORDS, decode_header, encode_header, layout_digest
+
+    man = plan_buckets(_named(), version=5, bucket_bytes=2048)
+    man.buckets[0] = BucketSpec(man.buckets[0].dtype, man.buckets[0].numel, (3, 4))
+    # to_bytes no longer goes through asdict, but must write the same document
+    doc = {"format": "rlfleet.weights.manifest/1", "version": 5, "entries": [asdict(e) for e in man.entries],
+           "buckets": [asdict(b) for b in man.buckets]}
+    assert json.loads(man.to_bytes()) == json.loads(json.dumps(doc))
+    layout = man.layout()
+    assert layout.version == 0 and all(b.checksum == () for b in layout.buckets)
+    assert layout.to_bytes() == plan_buckets(_named(), version=9, bucket_bytes=2048).layout().to_bytes()
+    digest = layout_digest(layout.to_bytes())
+    assert len(digest) == 4 and digest != layout_digest(plan_buckets(_named()[1:], 0, 2048).layout().to_bytes())
+    words = encode_header(-3, len(layout.buckets), 123, 1, digest)
+    assert len(words) == HEADER_WORDS and decode_header(words) == (-3, len(layout.buckets), 123, 1, digest)
+    pushed = layout.with_push(11, [(i, i + 1) for i in range(len(layout.buckets))])
+    assert pushed.version == 11 and pushed.buckets[2].checksum == (2, 3) and pushed.entries is layout.entries
+    with pytest.raises(WeightSyncError):
+        decode_header(words[:-1])
