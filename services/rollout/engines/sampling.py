@@ -26,7 +26,6 @@ class TokenSampler:
     def __call__(self, logits: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens [B] and their logprobs [B] for logits [B, V]."""
         scaled = logits / self.temperature if self.temperature != 1.0 else logits
-        logprobs = torch.log_softmax(scaled, dim=-1)
         choice = scaled.clone() if first else scaled
         if first:  # min_new_tokens=1: a completion has at least one token before eos
             choice[:, self.eos] = float("-inf")
@@ -36,7 +35,8 @@ class TokenSampler:
             choice = self._filter(choice)
             noise = torch.empty_like(choice).exponential_(generator=self.generator)
             tokens = (torch.softmax(choice, dim=-1) / noise).argmax(dim=-1)
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+        # log-softmax at the chosen token only: the [B, V] log-softmax is never written out
+        return tokens, scaled.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
 
     def _filter(self, logits: torch.Tensor) -> torch.Tensor:
         top_k, top_p = self.params.top_k, self.params.top_p
