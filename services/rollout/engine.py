@@ -4,7 +4,26 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
+from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.types import GroupResult, PromptRequest, SamplingParams
+
+
+def check_prompts(prompts: list[PromptRequest], params: SamplingParams, vocab_size: int, max_len: int,
+                  limit_name: str) -> None:
+    """The checks every backend makes before generating: prompts present and non-empty, token ids
+    in the vocabulary, prompt + new tokens within the context limit (`limit_name` names it)."""
+    if not prompts:
+        raise InvalidRequest("generate request has no prompts")
+    if params.max_new_tokens < 1:
+        raise InvalidRequest("max_new_tokens must be at least 1")
+    for p in prompts:
+        if not p.prompt_ids:
+            raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
+        if min(p.prompt_ids) < 0 or max(p.prompt_ids) >= vocab_size:
+            raise InvalidRequest(f"prompt {p.request_id!r} has token ids outside [0, {vocab_size})")
+        if len(p.prompt_ids) + params.max_new_tokens > max_len:
+            raise RequestTooLarge(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens + "
+                                  f"{params.max_new_tokens} new exceed {limit_name} {max_len}")
 
 
 class RolloutEngine(ABC):

