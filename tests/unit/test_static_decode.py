@@ -119,6 +119,17 @@ def test_top_p_keeps_only_the_nucleus():
         assert torch.equal(nucleus, greedy)
 
 
+def test_prefill_in_row_blocks_gives_the_same_tokens(monkeypatch):
+    from services.rollout.engines import static_generate
+
+    model = _model("qwen2")
+    params = SamplingParams(temperature=0.0, max_new_tokens=12)
+    whole, _ = StaticGenerator(model, PAD, [EOS], cuda_graphs=False).generate(ROWS, params)
+    monkeypatch.setattr(static_generate, "PREFILL_TOKENS", 10)  # one row (width 9) per block
+    blocks, _ = StaticGenerator(model, PAD, [EOS], cuda_graphs=False).generate(ROWS, params)
+    assert torch.equal(whole, blocks)
+
+
 def test_unsupported_architectures_are_named():
     model = _model("qwen2")
     assert unsupported_reason(model) is None

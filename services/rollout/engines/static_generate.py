@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from rlfleet.types import SamplingParams
-from services.rollout.engines.decoder import StaticDecoder
+from services.rollout.engines.decoder import KVCache, StaticDecoder
 from services.rollout.engines.graphs import SlotCache
 from services.rollout.engines.sampling import TokenSampler
 
 FINISH_CHECK_EVERY = 8  # steps between the host's looks at "has every row finished?" (each one syncs)
+PREFILL_TOKENS = 16384  # prompt tokens prefilled together
 
 
 class StaticGenerator:
@@ -39,7 +40,7 @@ class StaticGenerator:
         logprobs = torch.zeros((batch, new), dtype=torch.float32, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
         finished[len(rows):] = True  # bucket padding rows never hold generation up
-        logits = self.decoder.prefill(slot.cache, ids, positions, slot.valid)
+        logits = self._prefill(slot.cache, ids, positions, slot.valid)
         steps = new
         for t in range(new):
             if t:
@@ -55,6 +56,17 @@ class StaticGenerator:
                 steps = t + 1
                 break
         return tokens[:len(rows), :steps].cpu(), logprobs[:len(rows), :steps].cpu()
+
+    def _prefill(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
+                 valid: torch.Tensor) -> torch.Tensor:
+        """Prefills a block of rows at a time, so the attention's [rows, W, W] mask and the
+        activations stay bounded (PREFILL_TOKENS) however many rows and prompt tokens come."""
+        rows = max(1, PREFILL_TOKENS // ids.shape[1])
+        logits = []
+        for r in range(0, ids.shape[0], rows):
+            block = KVCache(cache.keys[:, r:r + rows], cache.values[:, r:r + rows])  # views: writes land in `cache`
+            logits.append(self.decoder.prefill(block, ids[r:r + rows], positions[r:r + rows], valid[r:r + rows]))
+        return torch.cat(logits)
 
     def _left_padded(self, rows: list[list[int]], batch: int, width: int):
         """ids, valid and rotary positions [batch, width]: each row's last prompt token in the last
