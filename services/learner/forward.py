@@ -25,7 +25,22 @@ class ForwardSettings:
 
     @classmethod
     def of(cls, learner_cfg) -> ForwardSettings:
+        if learner_cfg.pack_sequences:
+            _require_packed_masks()
         return cls(learner_cfg.logprob_chunk_tokens, learner_cfg.pack_sequences)
+
+
+def _require_packed_masks() -> None:
+    """Packing relies on transformers deriving block-diagonal masks from restarting position ids;
+    a transformers without that would silently let packed samples attend to each other."""
+    from transformers import masking_utils
+
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        import transformers
+
+        raise ValueError(f"learner.pack_sequences needs a transformers that masks packed sequences by their "
+                         f"position ids; transformers {transformers.__version__} does not: upgrade it or set "
+                         f"learner.pack_sequences=false")
 
 
 PLAIN = ForwardSettings()

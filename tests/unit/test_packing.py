@@ -131,3 +131,16 @@ def test_lora_with_packing_and_chunking_trains_like_plain_lora(qwen2_dir: Path, 
 def test_sharded_learner_rejects_single_process_options() -> None:
     with pytest.raises(ValueError, match="single-process"):
         LearnerConfig(world_size=2, pack_sequences=True)
+
+
+def test_packing_is_refused_where_transformers_cannot_mask_packed_sequences(monkeypatch):
+    from transformers import masking_utils
+
+    from rlfleet.config import LearnerConfig
+    from services.learner.forward import ForwardSettings
+
+    assert ForwardSettings.of(LearnerConfig(pack_sequences=True)).pack_sequences
+    monkeypatch.delattr(masking_utils, "find_packed_sequence_indices")
+    with pytest.raises(ValueError, match="learner.pack_sequences"):
+        ForwardSettings.of(LearnerConfig(pack_sequences=True))
+    assert not ForwardSettings.of(LearnerConfig()).pack_sequences  # packing off: no requirement
