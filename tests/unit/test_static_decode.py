@@ -140,3 +140,24 @@ def test_unsupported_architectures_are_named():
 def test_buckets_round_up():
     assert [batch_bucket(n) for n in (1, 3, 64, 65, 256)] == [1, 4, 64, 128, 256]
     assert [length_bucket(n) for n in (1, 64, 65, 384)] == [64, 64, 128, 384]
+
+
+def test_engine_gives_the_same_completions_by_either_decode_path(tiny_model_dir, tiny_tokenizer):
+    """HFEngine end to end (padding, stop strings, text) with rollout.hf_decode=static and =generate."""
+    from rlfleet.types import PromptRequest
+    from services.rollout.engines.hf import HFEngine
+
+    prompts = [PromptRequest(request_id=str(i), prompt_ids=tiny_tokenizer(text)["input_ids"])
+               for i, text in enumerate(["reverse: 123 =", "reverse: 98765 =", "reverse: 4 ="])]
+    results = {}
+    for decode in ("static", "generate"):
+        engine = HFEngine(tiny_model_dir, torch.device("cpu"), torch.float32, max_batch_sequences=4, decode=decode)
+        assert (engine._static is not None) == (decode == "static")
+        for stop in ((), ("pl",)):
+            groups = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop=stop))
+            results[decode, stop] = sorted((g.request_id, [(c.token_ids, c.text, c.finish_reason) for c in g.completions])
+                                           for g in groups)
+    assert results["static", ()] == results["generate", ()]
+    assert results["static", ("pl",)] == results["generate", ("pl",)]
+    cut = [c for _, cs in results["static", ("pl",)] for c in cs]
+    assert all(text.endswith("pl") and reason == "stop" for _, text, reason in cut)  # cut right after the stop string

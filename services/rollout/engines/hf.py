@@ -23,7 +23,7 @@ from rlfleet.weights.naming import model_weights
 from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine, check_prompts
 from services.rollout.engines.decoder import unsupported_reason
-from services.rollout.engines.static_generate import StaticGenerator
+from services.rollout.engines.static_generate import StaticGenerator, left_padded
 from services.rollout.weight_sync import InProcessWeightSync
 
 log = structlog.get_logger(__name__)
@@ -103,12 +103,8 @@ class HFEngine(RolloutEngine):
     def _transformers_generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         """New tokens and their logprobs [rows, T] from transformers' generate() (rollout.hf_decode=generate)."""
         width = max(len(r) for r in rows)
-        # Left padding keeps every row's last prompt token in the last column.
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r):] = torch.tensor(r)
-            attention[i, width - len(r):] = 1
+        input_ids, valid, _ = left_padded(rows, width, self.pad_id)  # generate() derives the positions itself
+        attention = valid.long()
         greedy = params.temperature == 0
         if params.seed is not None:
             torch.manual_seed(params.seed)

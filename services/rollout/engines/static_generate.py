@@ -17,6 +17,19 @@ FINISH_CHECK_EVERY = 8  # steps between the host's looks at "has every row finis
 PREFILL_TOKENS = 16384  # prompt tokens prefilled together
 
 
+def left_padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, valid and rotary positions [len(rows), width] on the CPU: each row's last prompt token
+    in the last column, positions 0.. over its own tokens (1 on padding, as transformers sets them)."""
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    positions = torch.ones((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        valid[i, width - len(row):] = True
+        positions[i, width - len(row):] = torch.arange(len(row))
+    return ids, valid, positions
+
+
 class StaticGenerator:
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: list[int], cuda_graphs: bool):
         self.decoder = StaticDecoder(model)
@@ -30,7 +43,9 @@ class StaticGenerator:
         width, new = max(len(r) for r in rows), params.max_new_tokens
         slot = self.slots.get(len(rows), width + new)
         batch = slot.batch
-        ids, valid, positions = self._left_padded(rows, batch, width)
+        # bucket padding rows: one pad token each
+        ids, valid, positions = left_padded(rows + [[self.pad_id]] * (batch - len(rows)), width, self.pad_id)
+        ids, valid, positions = ids.to(self.device), valid.to(self.device), positions.to(self.device)
         lengths = valid.sum(dim=1)
         slot.valid.zero_()
         slot.valid[:, :width] = valid
@@ -67,16 +82,3 @@ class StaticGenerator:
             block = KVCache(cache.keys[:, r:r + rows], cache.values[:, r:r + rows])  # views: writes land in `cache`
             logits.append(self.decoder.prefill(block, ids[r:r + rows], positions[r:r + rows], valid[r:r + rows]))
         return torch.cat(logits)
-
-    def _left_padded(self, rows: list[list[int]], batch: int, width: int):
-        """ids, valid and rotary positions [batch, width]: each row's last prompt token in the last
-        column, positions 0.. over its own tokens (1 on padding, as transformers sets them)."""
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        valid = torch.zeros((batch, width), dtype=torch.bool)
-        positions = torch.ones((batch, width), dtype=torch.long)
-        for i in range(batch):
-            row = rows[i] if i < len(rows) else [self.pad_id]  # bucket padding: one pad token
-            ids[i, width - len(row):] = torch.tensor(row)
-            valid[i, width - len(row):] = True
-            positions[i, width - len(row):] = torch.arange(len(row))
-        return ids.to(self.device), valid.to(self.device), positions.to(self.device)
