@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
+import threading
 
 from rlfleet import health_cli, plot
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
 from rlfleet.eval import command as eval_command
+from rlfleet.interrupt import Interrupted
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -89,8 +93,15 @@ def dispatch(args: argparse.Namespace) -> int:
         addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
         from rlfleet.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
-        run_controller(cfg, addresses,
-                       on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
+        from rlfleet.interrupt import StopOnSignal
+        with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
+            try:
+                run_controller(cfg, addresses, stop=signals.stop,
+                               on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
+            except RlfleetError:
+                signals.raise_if_received()
+                raise
+            signals.raise_if_received()
     elif args.command == "status":
         from rlfleet.status import print_status
         _use_security_of(args.config, args.run_dir)
@@ -113,7 +124,17 @@ def dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to stderr (a service's log file under `rlfleet run`):
+    the first thing to look at when a process seems stuck."""
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # stderr is not a file (main() called in-process, e.g. tests)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stacks_on_sigusr1()
     parser = build_parser()
     # argparse cannot take positionals on both sides of an option (`serve ROLE --config F k=v`):
     # collect the stray key=value items as overrides.
@@ -125,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return dispatch(args)
-    except KeyboardInterrupt:
-        print("rlfleet: interrupted; services stopped", file=sys.stderr)
+    except Interrupted as exc:
+        print(f"rlfleet: interrupted ({exc}); stopped cleanly", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: `rlfleet run` still stops its services on the way out
+        print("rlfleet: interrupted", file=sys.stderr)
         return 130
     except RlfleetError as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)

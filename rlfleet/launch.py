@@ -19,7 +19,9 @@ from typing import Any
 
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.interrupt import StopOnSignal
 from rlfleet.reward_config import needs_reward_service
+from rlfleet.rpc.service_main import PARENT_PID_ENV
 from rlfleet.serve import ROLES
 from rlfleet.supervisor import Supervisor
 
@@ -31,6 +33,7 @@ class Child:
     stderr_path: Path
     expected_exit: bool = field(default=False)
     cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
+    env: dict[str, str] | None = None
 
     def describe_exit(self) -> str:
         tail = ""
@@ -55,6 +58,7 @@ class Launcher:
         self.children: list[Child] = []
         self.failure: str | None = None
         self.stop = threading.Event()
+        self._shutdown_lock = threading.Lock()
 
     def _threads(self) -> int:
         if self.cfg.run.threads_per_service:
@@ -94,15 +98,18 @@ class Launcher:
         return addresses
 
     def _spawn(self, role: str, config_path: Path, name: str, index: int) -> None:
+        if self.stop.is_set():  # Ctrl-C while starting: start nothing more
+            raise RlfleetError("stopping")
         stderr_path = self.run_dir / "logs" / f"{name}.stderr"
         cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
                "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
         if role == "learner" and self.cfg.learner.world_size > 1:  # one process per rank; rank 0 serves gRPC
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                         str(self.cfg.learner.world_size), "-m", "rlfleet.cli"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"),
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
-        self.children.append(Child(name, proc, stderr_path, cmd=cmd))
+        self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env))
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"
@@ -110,6 +117,8 @@ class Launcher:
         while time.monotonic() < deadline:
             if path.exists():
                 return json.loads(path.read_text())["address"]
+            if self.stop.is_set():
+                raise RlfleetError("stopping")
             if child.proc.poll() is not None:
                 raise ServiceUnavailable(child.describe_exit())
             time.sleep(0.1)
@@ -138,7 +147,13 @@ class Launcher:
         return self.failure
 
     def shutdown(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to every child, SIGKILL to those still up after `grace_s`. Safe to call from two threads
+        (the signal handler's and the main one's): the second waits for the first."""
         self.stop.set()
+        with self._shutdown_lock:
+            self._shutdown(grace_s)
+
+    def _shutdown(self, grace_s: float) -> None:
         for child in self.children:
             child.expected_exit = True
             if child.proc.poll() is None:
@@ -174,19 +189,23 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         from controller.state import resolve_resume
         cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
     launcher = Launcher(cfg)
-    try:
-        addresses = launcher.start_services()
-        print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
-        summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive,
-                                 on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
-    except RlfleetError as exc:
-        time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
-        dead = launcher.dead_child()
-        if dead:
-            raise RlfleetError(dead) from None
-        raise exc
-    finally:
-        launcher.shutdown()
+    with StopOnSignal(launcher.stop, on_first=launcher.shutdown) as signals:
+        try:
+            addresses = launcher.start_services()
+            print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
+            summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive,
+                                     on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
+                                                             flush=True))
+        except RlfleetError as exc:
+            signals.raise_if_received()  # stopping the services is why the last RPC failed
+            time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
+            dead = launcher.dead_child()
+            if dead:
+                raise RlfleetError(dead) from None
+            raise exc
+        finally:
+            launcher.shutdown()
+        signals.raise_if_received()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)

@@ -75,7 +75,7 @@ class Supervisor:
             extra.append("learner.resume_from=auto")  # its newest checkpoint, or fresh if none yet
         with open(child.stderr_path, "a") as stderr:
             child.proc = subprocess.Popen([*child.cmd, *extra], stdout=subprocess.DEVNULL, stderr=stderr,
-                                          start_new_session=True)
+                                          env=child.env, start_new_session=True)
         print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr, flush=True)
         log.warning("service restarted", service=child.role, pid=child.proc.pid)
 

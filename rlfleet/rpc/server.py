@@ -74,6 +74,10 @@ class ServiceServer:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", address=self.address)
 
+    @property
+    def stopped(self) -> threading.Event:
+        return self._stopped
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuses new work at once, lets running RPCs finish for `grace_s`."""
         if self._stopped.is_set():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,32 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.rpc.server import ServiceServer
 
 log = structlog.get_logger(__name__)
+
+PARENT_PID_ENV = "RLFLEET_PARENT_PID"  # set by `rlfleet run` on the services it starts
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def stop_when_parent_exits(server: ServiceServer, parent_pid: int, poll_s: float = 1.0) -> threading.Thread:
+    """A service started by `rlfleet run` stops when that process is gone, even when it was SIGKILLed and
+    could not stop its services itself: no orphan holding a GPU and a port."""
+    def watch() -> None:
+        while not server.stopped.wait(poll_s):
+            if _process_gone(parent_pid):
+                log.warning("the rlfleet run that started this service is gone; stopping", parent_pid=parent_pid)
+                server.stop()
+                return
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: str | None = None) -> Path:
@@ -49,6 +76,8 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
     server.add(add_fn, servicer)
     server.install_signal_handlers()
     server.start()
+    if os.environ.get(PARENT_PID_ENV):
+        stop_when_parent_exits(server, int(os.environ[PARENT_PID_ENV]))
     announce(cfg.run.dir, role, server.address, metrics_port, name)
     servicer.metrics_port = metrics_port
     log.info("loading", role=role, address=server.address, metrics_port=metrics_port)

@@ -92,6 +92,17 @@ def _wait_first_step(proc: subprocess.Popen, run: Path) -> None:
     _wait_for(first_step, 180, "the first step")
 
 
+def _exit_code(proc: subprocess.Popen, timeout: float) -> int:
+    """The exit code; on a hang, fails with every thread's stack (`kill -USR1`, rlfleet/cli.py)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        raise AssertionError(f"still running {timeout:.0f}s later; its threads:\n{proc.stderr.read()[-12000:]}")
+
+
 def test_ctrl_c_stops_every_service(run_dir):
     run = run_dir / "ctrlc"
     proc = _start_long_run(run_dir, "ctrlc")
@@ -99,12 +110,30 @@ def test_ctrl_c_stops_every_service(run_dir):
         _wait_first_step(proc, run)
         pids = [_announced(run, role)["pid"] for role in ROLES]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
-        assert "interrupted" in proc.stderr.read()
+        assert _exit_code(proc, 60) == 130
+        assert "interrupted (stopped by SIGINT)" in proc.stderr.read()
         _wait_for(lambda: not any(_pid_alive(p) for p in pids), 20, "services to exit")
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_services_stop_when_the_run_is_killed(run_dir):
+    """SIGKILL gives `rlfleet run` no chance to stop its services; they notice and stop themselves."""
+    run = run_dir / "killed"
+    proc = _start_long_run(run_dir, "killed")
+    try:
+        _wait_first_step(proc, run)
+        pids = [_announced(run, role)["pid"] for role in ROLES]
+        proc.kill()
+        proc.wait()
+        _wait_for(lambda: not any(_pid_alive(p) for p in pids), 30, "orphaned services to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids:
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_dead_service_stops_the_run_and_is_named(run_dir):
