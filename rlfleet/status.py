@@ -2,7 +2,8 @@
 
 One row per service announced in `RUN_DIR/services/<role>.json` (and per service
 the controller uses that was started elsewhere): address, pid, /metrics port,
-health, policy version, step, load (queued work), in-flight RPCs, last error.
+restarts by `rlfleet run` (services/restarts.jsonl), health, policy version,
+step, load (queued work), in-flight RPCs, last error.
 The controller row comes from its GetRunStatus RPC.
 """
 
@@ -34,6 +35,7 @@ COLUMNS = (
     "role",
     "address",
     "pid",
+    "restarts",
     "metrics_port",
     "health",
     "version",
@@ -112,7 +114,24 @@ def _query(row: dict[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
+def _restart_counts(folder: Path) -> dict[str, int]:
+    """How many times `rlfleet run` restarted each service (rlfleet/supervisor.py appends one line each)."""
+    counts: dict[str, int] = {}
+    try:
+        lines = (folder / "restarts.jsonl").read_text().splitlines()
+    except OSError:
+        return counts
+    for line in lines:
+        try:
+            name = json.loads(line)["service"]
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash of `rlfleet run`
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def _announced(folder: Path) -> list[dict[str, Any]]:
+    restarts = _restart_counts(folder)
     rows = []
     for path in sorted(folder.glob("*.json")):
         try:
@@ -122,6 +141,7 @@ def _announced(folder: Path) -> list[dict[str, Any]]:
                     info.get("name") or info["role"],
                     info["address"],
                     pid=info.get("pid", "-"),
+                    restarts=restarts.get(info.get("name") or info["role"], 0),
                     metrics_port=info.get("metrics_port") or "-",
                 )
             )

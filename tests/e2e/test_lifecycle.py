@@ -1,12 +1,14 @@
 """Services started one by one, status, SIGTERM, Ctrl-C and a dying child."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -79,8 +81,21 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
                 p.wait()
 
 
-def _start_long_run(run_dir: Path, name: str, *extra: str) -> subprocess.Popen:
-    return _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}", "controller.max_steps=100000", *extra)
+@contextlib.contextmanager
+def _long_run(run_dir: Path, name: str, *extra: str) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """`rlfleet run` with no step limit, yielded once its first step is done; nothing outlives the test."""
+    run = run_dir / name
+    proc = _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}", "controller.max_steps=100000", *extra)
+    try:
+        _wait_first_step(proc, run)
+        yield proc, run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for role in ROLES:
+            info = _announced(run, role)
+            if info and _pid_alive(info["pid"]):
+                os.kill(info["pid"], signal.SIGKILL)
 
 
 def _wait_first_step(proc: subprocess.Popen, run: Path) -> None:
@@ -104,51 +119,31 @@ def _exit_code(proc: subprocess.Popen, timeout: float) -> int:
 
 
 def test_ctrl_c_stops_every_service(run_dir):
-    run = run_dir / "ctrlc"
-    proc = _start_long_run(run_dir, "ctrlc")
-    try:
-        _wait_first_step(proc, run)
+    with _long_run(run_dir, "ctrlc") as (proc, run):
         pids = [_announced(run, role)["pid"] for role in ROLES]
         proc.send_signal(signal.SIGINT)
         assert _exit_code(proc, 60) == 130
         assert "interrupted (stopped by SIGINT)" in proc.stderr.read()
         _wait_for(lambda: not any(_pid_alive(p) for p in pids), 20, "services to exit")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_services_stop_when_the_run_is_killed(run_dir):
     """SIGKILL gives `rlfleet run` no chance to stop its services; they notice and stop themselves."""
-    run = run_dir / "killed"
-    proc = _start_long_run(run_dir, "killed")
-    try:
-        _wait_first_step(proc, run)
+    with _long_run(run_dir, "killed") as (proc, run):
         pids = [_announced(run, role)["pid"] for role in ROLES]
         proc.kill()
         proc.wait()
         _wait_for(lambda: not any(_pid_alive(p) for p in pids), 30, "orphaned services to exit")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in pids:
-            if _pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_dead_service_stops_the_run_and_is_named(run_dir):
-    run = run_dir / "dead"
-    proc = _start_long_run(run_dir, "dead", "run.max_restarts=0")  # no restarts (tests/e2e/test_faults.py)
-    try:
-        _wait_first_step(proc, run)
+    # no restarts (tests/e2e/test_faults.py covers them)
+    with _long_run(run_dir, "dead", "run.max_restarts=0") as (proc, run):
         victim = _announced(run, "reward")["pid"]
         others = [_announced(run, role)["pid"] for role in ("rollout", "learner")]
         os.kill(victim, signal.SIGKILL)
-        assert proc.wait(timeout=90) == 2
+        assert _exit_code(proc, 90) == 2
         err = proc.stderr.read()
         assert f"reward service (pid {victim}) exited" in err, err[-2000:]
         assert "Traceback" not in err
         _wait_for(lambda: not any(_pid_alive(p) for p in others), 20, "the other services to exit")
-    finally:
-        if proc.poll() is None:
-            proc.kill()

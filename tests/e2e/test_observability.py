@@ -173,7 +173,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     # `rlfleet status` on the live run: every service, serving, with versions and load
     assert code == 0, status_out
     table = [line for line in status_out.splitlines() if not line.startswith("rlfleet:")]
-    assert table[0].split()[:5] == ["role", "address", "pid", "metrics_port", "health"]
+    assert table[0].split()[:6] == ["role", "address", "pid", "restarts", "metrics_port", "health"]
     rows = {line.split()[0]: line for line in table[1:]}
     assert set(rows) == set(ROLES), status_out
     for role in ROLES:

@@ -114,6 +114,8 @@ def test_status_of_a_stopped_run(tmp_path):
         )
     )
     (folder / "learner.json").write_text("{not json")
+    (folder / "restarts.jsonl").write_text('{"service": "rollout-1", "attempt": 1}\n'
+                                           '{"service": "rollout-1", "attempt": 2}\n{"serv')  # cut short
     rows = collect(tmp_path / "run1")
     assert [(r["role"], r["health"]) for r in rows] == [
         ("rollout", "UNREACHABLE"),
@@ -122,8 +124,9 @@ def test_status_of_a_stopped_run(tmp_path):
     ]
     assert "unreadable learner.json" in rows[2]["last_error"]
     table = format_rows(rows).splitlines()
-    assert table[0].split()[:5] == ["role", "address", "pid", "metrics_port", "health"]
-    assert table[1].split()[:5] == ["rollout", f"127.0.0.1:{port}", "42", "9101", "UNREACHABLE"]
+    assert table[0].split()[:6] == ["role", "address", "pid", "restarts", "metrics_port", "health"]
+    assert table[1].split()[:6] == ["rollout", f"127.0.0.1:{port}", "42", "0", "9101", "UNREACHABLE"]
+    assert table[2].split()[:4] == ["rollout-1", f"127.0.0.1:{port}", "43", "2"]
     assert prometheus_targets(tmp_path / "run1") == [
         {"targets": ["127.0.0.1:9101"], "labels": {"name": "rollout", "run": "run1"}}
     ]
