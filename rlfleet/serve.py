@@ -80,7 +80,7 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
     from rlfleet.logging import setup_logging
     from rlfleet.proto.v1 import learner_pb2_grpc
     from rlfleet.rpc.service_main import run_service
-    from services.learner.distributed import LearnerFront, init_learner_world
+    from services.learner.distributed import LearnerFront, exit_learner_world, init_learner_world
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
     from services.learner.worker_loop import build_sharded_learner, follow
 
@@ -99,22 +99,24 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
             learner = build_sharded_learner(cfg, world)
             structlog.get_logger(__name__).info("following rank 0", rank=world.rank, world_size=world.world_size)
             follow(learner, world)
-            return
-        servicer = LearnerServicer(host=cfg.learner.host)
-        front: list[LearnerFront] = []
+        else:
+            servicer = LearnerServicer(host=cfg.learner.host)
+            front: list[LearnerFront] = []
 
-        def load() -> None:
-            front.append(LearnerFront(build_sharded_learner(cfg, world), world))
-            servicer.attach(front[0])
+            def load() -> None:
+                front.append(LearnerFront(build_sharded_learner(cfg, world), world))
+                servicer.attach(front[0])
 
-        try:
-            run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                        servicer, load, name=name)
-        finally:
-            if front:
-                front[0].stop()
-    finally:
+            try:
+                run_service("learner", cfg, cfg.learner, [SERVICE_NAME],
+                            learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name)
+            finally:
+                if front:
+                    front[0].stop()
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    exit_learner_world(0)  # a clean stop must not end in an abort at interpreter exit
 
 
 def shares_gpu_with_rollout(cfg: JobConfig, device) -> bool:

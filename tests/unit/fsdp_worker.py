@@ -75,7 +75,7 @@ def failed_push(front, learner) -> str:
 def main() -> None:
     model_dir, out, steps, algorithm = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
     torch.set_num_threads(1)
-    from services.learner.distributed import LearnerFront, init_learner_world
+    from services.learner.distributed import LearnerFront, exit_learner_world, init_learner_world
     from services.learner.fsdp import ShardedLearner
     from services.learner.worker_loop import follow
 
@@ -101,7 +101,7 @@ def main() -> None:
         front.stop()
         (out / "metrics.json").write_text(json.dumps({"metrics": metrics, "checkpoint": str(path),
                                                       "version": restored.version, "push_error": push_error}))
-    torch.distributed.destroy_process_group()
+    exit_learner_world(0)  # as the service does: the interpreter's teardown can abort after FSDP2 on gloo
 
 
 if __name__ == "__main__":
