@@ -11,7 +11,7 @@ from rlfleet import health_cli, plot
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
 from rlfleet.eval import command as eval_command
-from rlfleet.interrupt import Interrupted
+from rlfleet.interrupt import Interrupted, StopOnSignal
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -93,15 +93,9 @@ def dispatch(args: argparse.Namespace) -> int:
         addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
         from rlfleet.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
-        from rlfleet.interrupt import StopOnSignal
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
-            try:
-                run_controller(cfg, addresses, stop=signals.stop,
-                               on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
-            except RlfleetError:
-                signals.raise_if_received()
-                raise
-            signals.raise_if_received()
+            run_controller(cfg, addresses, stop=signals.stop,
+                           on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
         from rlfleet.status import print_status
         _use_security_of(args.config, args.run_dir)

@@ -31,7 +31,8 @@ class Interrupted(RlfleetError):
 
 
 class StopOnSignal:
-    """`with StopOnSignal(stop, on_first) as signals:`; afterwards `signals.raise_if_received()`."""
+    """`with StopOnSignal(stop, on_first):` around a run. Leaving the block after a signal raises
+    Interrupted, also when the run ended in an RlfleetError: stopping it is why its last RPC failed."""
 
     def __init__(self, stop: threading.Event, on_first: Callable[[], None] | None = None):
         self.stop = stop
@@ -53,10 +54,8 @@ class StopOnSignal:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-
-    def raise_if_received(self) -> None:
-        if self.received is not None:
-            raise Interrupted(self.received)
+        if self.received is not None and (exc_type is None or issubclass(exc_type, RlfleetError)):
+            raise Interrupted(self.received) from None

@@ -196,16 +196,15 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive,
                                      on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
                                                              flush=True))
-        except RlfleetError as exc:
-            signals.raise_if_received()  # stopping the services is why the last RPC failed
-            time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
-            dead = launcher.dead_child()
-            if dead:
-                raise RlfleetError(dead) from None
-            raise exc
+        except RlfleetError:
+            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/interrupt.py)
+                time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
+                dead = launcher.dead_child()
+                if dead:
+                    raise RlfleetError(dead) from None
+            raise
         finally:
             launcher.shutdown()
-        signals.raise_if_received()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)

@@ -136,12 +136,13 @@ def _announced(folder: Path) -> list[dict[str, Any]]:
     for path in sorted(folder.glob("*.json")):
         try:
             info = json.loads(path.read_text())
+            name = info.get("name") or info["role"]
             rows.append(
                 _row(
-                    info.get("name") or info["role"],
+                    name,
                     info["address"],
                     pid=info.get("pid", "-"),
-                    restarts=restarts.get(info.get("name") or info["role"], 0),
+                    restarts=restarts.get(name, 0),
                     metrics_port=info.get("metrics_port") or "-",
                 )
             )
