@@ -61,15 +61,18 @@ class PeriodicEval:
         self.samples_path = samples_path
 
     @classmethod
-    def from_config(cls, cfg: JobConfig, tokenizer: Any) -> PeriodicEval | None:
+    def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int) -> PeriodicEval | None:
         if cfg.controller.eval_every == 0:
             return None
         files = val_files(cfg)
         if not files:
             log.warning("controller.eval_every is set but data.val_files is empty: no validation")
             return None
-        prompts, too_long = load_prompts(files, tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
+        prompts, too_long = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt_length)
         log.info("validation prompts loaded", count=len(prompts), filtered_too_long=too_long)
+        if too_long:
+            print(f"rlfleet: {too_long} validation prompts left out, longer than data.max_prompt_length="
+                  f"{max_prompt_length} tokens", flush=True)
         return cls(cfg, prompts, cfg.run.dir / "samples" / "val.jsonl")
 
     def due(self, step: int) -> bool:

@@ -13,6 +13,7 @@ from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
+from rlfleet.models.context import resolve_prompt_length
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RolloutClient
@@ -40,6 +41,13 @@ def train_files(cfg: JobConfig) -> list[Path]:
     return [path]
 
 
+def prompt_length_limit(cfg: JobConfig, model_dir: Path) -> int:
+    """data.max_prompt_length, or what the model's context leaves after rollout.max_new_tokens."""
+    max_model_len = cfg.rollout.max_model_len if cfg.rollout.backend == "vllm" else None
+    return resolve_prompt_length(cfg.data.max_prompt_length, cfg.rollout.max_new_tokens, model_dir,
+                                 cfg.model.path, max_model_len=max_model_len)
+
+
 def rollout_addresses(addresses: dict[str, str]) -> list[str]:
     """The rollout replicas' addresses: `rollout`, then `rollout-1`, `rollout-2`, …"""
     names = [n for n in addresses if n == "rollout" or n.startswith("rollout-")]
@@ -50,9 +58,15 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
                    on_step: Callable[[dict[str, Any]], None] | None = None,
                    alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
     cc = cfg.controller
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path))
-    prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
-    log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered)
+    model_dir = resolve_model_path(cfg.model.path)
+    max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    files = train_files(cfg)
+    prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
+    log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
+    print(f"rlfleet: {len(prompts)} training prompts from {', '.join(f.name for f in files)}"
+          + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens" if filtered else ""),
+          flush=True)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
     resume = None
     if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
@@ -63,7 +77,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
             truncate_jsonl(cfg.run.dir / name, resume.step)
         log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=str(checkpoint),
                  requeued=sum(len(d["members"]) for d in resume.requeue))
-    evaluator = PeriodicEval.from_config(cfg, tokenizer)
+    evaluator = PeriodicEval.from_config(cfg, tokenizer, max_prompt)
 
     loop_ref: list[GRPOLoop] = []
     status = start_status_server(cc.host, cc.port, cfg.run.name, addresses,

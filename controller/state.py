@@ -53,9 +53,10 @@ class ControllerState:
 
     def dispatches(self, prompts: list[Prompt]) -> list[Dispatch]:
         try:
-            return [Dispatch(d["seed"], [(int(seq), prompts[int(i)]) for seq, i in d["members"]])
+            by_row = {prompt.index: prompt for prompt in prompts}  # prompt_index is the data set's row
+            return [Dispatch(d["seed"], [(int(seq), by_row[int(i)]) for seq, i in d["members"]])
                     for d in self.requeue]
-        except IndexError:
+        except KeyError:
             raise CheckpointError("controller state names prompts beyond the loaded data set: resume with "
                                   "the same data files") from None
 

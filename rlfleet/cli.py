@@ -12,6 +12,7 @@ from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
 from rlfleet.eval import command as eval_command
 from rlfleet.interrupt import Interrupted, StopOnSignal
+from rlfleet.models import command as model_command
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reward_parser(sub)
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
+    model_command.add_parser(sub)
     plot.add_parser(sub)
     health_cli.add_parser(sub)
     return parser
@@ -104,6 +106,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return data_command.run(args)
     elif args.command == "eval":
         return eval_command.run(args)
+    elif args.command == "model":
+        return model_command.run(args)
     elif args.command == "plot":
         return plot.run(args)
     elif args.command == "reward":

@@ -62,8 +62,9 @@ class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list, description="Parquet files in the verl schema; "
                                    "empty means the built-in task")
     prompt_key: str = Field("prompt", description="column holding a chat message list or a string")
-    max_prompt_length: int = Field(512, ge=1, description="prompts longer than this (tokens) are "
-                                   "filtered out and counted")
+    max_prompt_length: int | None = Field(None, ge=1, description="prompts longer than this (tokens) are "
+                                          "left out and counted before step 1; null: what the model's context "
+                                          "leaves after rollout.max_new_tokens")
     shuffle: bool = True
     builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
     val_files: list[str] = Field(default_factory=list, description="Parquet files evaluated every "
@@ -113,7 +114,15 @@ class RewardConfig(ServiceEndpointConfig):
 
 
 class LearnerConfig(ServiceEndpointConfig):
-    lr: float = Field(5e-4, gt=0.0, lt=1.0)
+    lr: float = Field(5e-4, gt=0.0, lt=1.0, description="peak learning rate of AdamW (after warmup)")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate decay after warmup, over controller.max_steps (TRL's "
+        "lr_scheduler_type): constant, linear or cosine down to min_lr_ratio x lr")
+    lr_warmup_steps: int = Field(0, ge=0, description="steps of linear warmup from ~0 to lr; 0: use "
+                                 "lr_warmup_ratio")
+    lr_warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warmup as a fraction of "
+                                   "controller.max_steps (verl's lr_warmup_steps_ratio), when lr_warmup_steps is 0")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="linear/cosine decay ends at this fraction of lr")
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")

@@ -177,14 +177,15 @@ def format_progress(m: dict[str, Any], max_steps: int) -> str:
 
 
 def run_job(cfg: JobConfig) -> dict[str, Any]:
-    from controller.main import run_controller
-    from rlfleet.models.resolve import resolve_model_path
-
+    from controller.main import prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
+    from rlfleet.models.resolve import resolve_model_path
 
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
-    resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
+    # Build the embedded model once, before the services race for it; lengths that cannot fit the
+    # model's context fail here, before any service starts.
+    prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
         from controller.state import resolve_resume
         cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])

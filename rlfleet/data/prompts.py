@@ -26,7 +26,7 @@ REQUIRED = ("data_source", "reward_model")
 
 @dataclass(frozen=True)
 class Prompt:
-    index: int  # position in the loaded dataset, stable across epochs
+    index: int  # row in the data set (rows of the files in order), whatever was left out before it
     text: str  # the prompt as the model sees it (chat template applied)
     prompt_ids: list[int]
     data_source: str
@@ -78,6 +78,7 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
     """Returns the prompts and how many were filtered out for length."""
     prompts: list[Prompt] = []
     too_long = 0
+    offset = 0  # rows of the files before this one: a prompt's index is its row in the whole data set
     from tqdm import tqdm  # a bar on a terminal for large files; nothing when stderr is not one
 
     for path in files:
@@ -90,9 +91,10 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
                 too_long += 1
                 continue
             extra = row.get("extra_info") or {}
-            prompts.append(Prompt(index=len(prompts), text=text, prompt_ids=ids,
+            prompts.append(Prompt(index=offset + i, text=text, prompt_ids=ids,
                                   data_source=str(row["data_source"]), ground_truth=_ground_truth(row, path, i),
                                   extra_info=extra if isinstance(extra, dict) else {}))
+        offset += len(rows)
     if too_long:
         log.warning("prompts filtered for length", count=too_long, max_prompt_length=max_prompt_length)
     if not prompts:

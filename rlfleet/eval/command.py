@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfleet.eval.report import format_table, write_report
     from rlfleet.eval.runner import run_eval
     from rlfleet.eval.scoring import summarize
+    from rlfleet.models.context import resolve_prompt_length
     from services.rollout.engines.hf import HFEngine
 
     scorer = reward_scorer(cfg)  # a bad reward.fn fails before the policy loads
@@ -150,14 +151,13 @@ def run(args: argparse.Namespace) -> int:
             model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences,
             cfg.rollout.hf_decode, cfg.rollout.cuda_graphs,
         )
-        prompts, too_long = load_prompts(
-            [Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length
+        max_prompt = resolve_prompt_length(
+            cfg.data.max_prompt_length, params.max_new_tokens, model_path, str(model_path),
+            new_tokens_key="--max-new-tokens" if args.max_new_tokens else "rollout.max_new_tokens",
         )
+        prompts, too_long = load_prompts([Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key, max_prompt)
         if too_long:
-            print(
-                f"rlfleet: {too_long} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} "
-                f"tokens left out"
-            )
+            print(f"rlfleet: {too_long} prompts longer than data.max_prompt_length={max_prompt} tokens left out")
         start = time.perf_counter()
         samples = run_eval(
             prompts,

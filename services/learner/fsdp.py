@@ -122,8 +122,6 @@ def check_shardable(learner: Learner) -> None:
         raise ConfigError("learner.world_size > 1 does not support learner.lora yet (use world_size=1)")
     if learner.update.critic is not None:
         raise ConfigError("learner.world_size > 1 does not support algorithms with a critic (ppo/gae) yet")
-    if getattr(learner, "scheduler", None) is not None:  # it would still hold the unsharded optimizer
-        raise ConfigError("learner.world_size > 1 does not support a learning-rate schedule yet")
 
 
 class ShardedLearner(Learner):
@@ -148,6 +146,7 @@ class ShardedLearner(Learner):
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=self.cfg.lr, betas=self.cfg.betas,
             weight_decay=self.cfg.weight_decay)
+        self.scheduler = self._lr_scheduler()  # on the new optimizer; no step was taken yet
         self.update = ShardedPolicyUpdate.like(self.update, self.optimizer, self.rank, self.world_size)
 
     # ---- weights --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from rlfleet.weights.digest import weights_digest
 from services.learner.batching import validate_samples
 from services.learner.checkpoint import save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
+from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.update import build_policy_update
 
 log = structlog.get_logger(__name__)
@@ -30,8 +31,9 @@ log = structlog.get_logger(__name__)
 class Learner:
     def __init__(self, cfg: LearnerConfig, model_path: Path, device: torch.device, dtype: torch.dtype,
                  checkpoint_dir: Path, seed: int = 0, algorithm: AlgorithmConfig | None = None,
-                 max_response_tokens: int = 512):
+                 max_response_tokens: int = 512, total_steps: int = 1):
         self.cfg = cfg
+        self.total_steps = total_steps  # the job's controller.max_steps: the LR schedule's length
         self.algorithm = algorithm or AlgorithmConfig()
         self.device = device
         self.checkpoint_dir = checkpoint_dir
@@ -52,6 +54,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+        self.scheduler = self._lr_scheduler()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_seq_len = getattr(self.model.config, "max_position_embeddings", None)
         # The algorithm's pieces (reference, critic, losses) live in update.py; see docs/algorithms.md.
@@ -73,10 +76,17 @@ class Learner:
                                       f"{batch.expected_version}, learner is at {self.version}")
             start = time.perf_counter()
             metrics = self._optimizer_step(batch)
+            self.scheduler.step()  # once per policy version, whatever the mini-batches inside the step
             self.version += 1
             self.step = batch.step
             metrics["timing/learner_step_s"] = time.perf_counter() - start
             return TrainResult(policy_version=self.version, metrics=metrics)
+
+    def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        cfg = self.cfg
+        warmup = warmup_steps(self.total_steps, cfg.lr_warmup_steps, cfg.lr_warmup_ratio)
+        return build_lr_scheduler(self.optimizer, kind=cfg.lr_scheduler, total_steps=self.total_steps,
+                                  warmup_steps_=warmup, min_lr_ratio=cfg.min_lr_ratio)
 
     def _optimizer_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.update.run(batch)

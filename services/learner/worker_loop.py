@@ -41,7 +41,8 @@ def build_sharded_learner(cfg: JobConfig, world: LearnerWorld):
     learner = ShardedLearner(cfg.learner, resolve_model_path(cfg.model.path), world.device,
                              resolve_dtype(cfg.model.dtype, world.device), cfg.run.dir / "checkpoints",
                              seed=cfg.run.seed, algorithm=cfg.algorithm,
-                             max_response_tokens=cfg.rollout.max_new_tokens)
+                             max_response_tokens=cfg.rollout.max_new_tokens,
+                             total_steps=cfg.controller.max_steps)
     checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
     if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
         learner.restore(checkpoint)

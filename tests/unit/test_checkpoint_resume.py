@@ -164,3 +164,21 @@ def test_journal_audit_finds_lost_and_twice_trained_prompts(tmp_path: Path) -> N
     result = audit(j.path)
     assert result.lost == [] and result.trained_twice == [0]
     assert Dispatch(1, [(5, prompts(1)[0])]).request_ids() == {"p0-s5": (5, prompts(1)[0])}
+
+
+def test_lr_schedule_reaches_the_optimizer_and_survives_resume(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Warmup 2 then linear decay over a 6-step job: lr 1e-2 * [1/3, 2/3, 1, 3/4, 1/2, 1/4]; a learner
+    restored after step 3 continues at 3/4 rather than starting the schedule again."""
+    ckpt = tmp_path / "ckpt"
+    cfg = LearnerConfig(lr=1e-2, lr_scheduler="linear", lr_warmup_steps=2)
+
+    def fresh() -> Learner:
+        return Learner(cfg, tiny_model_dir, CPU, torch.float32, ckpt, seed=0, max_response_tokens=4, total_steps=6)
+
+    a = fresh()
+    seen = [a.train(batch(step, step - 1)).metrics["actor/lr"] for step in (1, 2, 3)]
+    path = a.save_checkpoint(3)
+    b = fresh()
+    restore_learner(b, path)
+    seen += [b.train(batch(step, step - 1)).metrics["actor/lr"] for step in (4, 5, 6)]
+    assert seen == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 7.5e-3, 5e-3, 2.5e-3])

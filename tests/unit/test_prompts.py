@@ -128,8 +128,17 @@ def test_long_prompts_are_filtered_and_counted_not_truncated(tmp_path):
     assert too_long == 3
     assert [p.text for p in prompts] == ["aaa", "ccccc"]  # the boundary (5 tokens) is kept whole
     assert [len(p.prompt_ids) for p in prompts] == [3, 5]
-    assert [p.index for p in prompts] == [0, 1]  # indices are dense over what was kept
+    assert [p.index for p in prompts] == [0, 2]  # the data set's row, whatever was left out before it
     assert [p.ground_truth for p in prompts] == ["0", "2"]  # each prompt keeps its own answer
+
+
+def test_prompt_index_counts_rows_across_files(tmp_path):
+    first = write_parquet(tmp_path / "a.parquet", verl_rows(["a" * 9, "bb"]))
+    second = write_parquet(tmp_path / "b.parquet", verl_rows(["c" * 9, "dd", "ee"]))
+    prompts, too_long = load_prompts([first, second], CharTokenizer(), max_prompt_length=5)
+    assert too_long == 2
+    # rows 0..1 are the first file's, 2..4 the second's
+    assert [(p.index, p.text) for p in prompts] == [(1, "bb"), (3, "dd"), (4, "ee")]
 
 
 def test_all_prompts_too_long_is_an_error(tmp_path):
