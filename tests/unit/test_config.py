@@ -136,3 +136,14 @@ def test_to_yaml_round_trip(tmp_path):
     again = load_config(write(tmp_path, cfg.to_yaml()))
     assert again == cfg
     assert again.to_yaml() == cfg.to_yaml()
+
+
+def test_prompts_per_request_fills_a_replica_batch_by_default():
+    from rlfleet.config import load_config
+
+    assert load_config(None, []).controller.prompts_per_request == 8  # 8 prompts per step, 256 // 8 = 32
+    big = ["controller.prompts_per_step=64", "rollout.n=16", "rollout.max_batch_sequences=512"]
+    assert load_config(None, big).controller.prompts_per_request == 32  # 512 // 16
+    assert load_config(None, ["controller.prompts_per_step=32", "rollout.replicas=2"]).controller \
+        .prompts_per_request == 16  # one request per replica
+    assert load_config(None, ["controller.prompts_per_request=3"]).controller.prompts_per_request == 3

@@ -1,0 +1,107 @@
+"""`rlfleet model import` of a real GGUF (SmolLM2-135M-Instruct), its one-line errors, and the GSM8K
+recipe (deploy/configs/gsm8k-smollm2-135m.yaml) run for 2 steps on CPU with that model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, read_jsonl, rlfleet
+from tests.e2e.real_model import smollm2_gguf
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ASSETS = REPO / "tests" / "assets" / "gsm8k"  # a few GSM8K rows (MIT, see LICENSE there)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GGUF imported once through the real command."""
+    out = tmp_path_factory.mktemp("models") / "smollm2-135m"
+    proc = rlfleet("model", "import", str(smollm2_gguf()), "--output", str(out), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LlamaForCausalLM" in proc.stdout and "30 layers" in proc.stdout and "context 8192" in proc.stdout
+    return out
+
+
+def test_import_writes_a_clean_hf_folder(smollm2: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    names = {p.name for p in smollm2.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
+    config = json.loads((smollm2 / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+    assert json.loads((smollm2 / "generation_config.json").read_text())["eos_token_id"] == 2  # <|im_end|>
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    question = "What is the capital of France?"
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text.endswith(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+    model = AutoModelForCausalLM.from_pretrained(smollm2)
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=16, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:])
+    # the real model, not random weights: it answers, and ends its turn with the eos the rollout stops at
+    assert answer == "The capital of France is Paris.<|im_end|>", answer
+
+
+def test_import_errors_are_one_line(tmp_path: Path) -> None:
+    import gguf
+
+    not_gguf = tmp_path / "weights.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 not a model")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    odd = tmp_path / "odd.gguf"  # a real GGUF of an architecture transformers cannot read
+    writer = gguf.GGUFWriter(str(odd), "nosucharch")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("x")
+    cases = [(not_gguf, "neither a GGUF file"), (empty, "a folder without config.json"),
+             (tmp_path / "missing.gguf", "no such file or folder"),
+             (odd, "GGUF architecture 'nosucharch' cannot be read by this transformers (it reads ")]
+    for src, message in cases:
+        proc = rlfleet("model", "import", str(src), "--output", str(tmp_path / "out"))
+        assert proc.returncode == 2 and message in proc.stderr, (src, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = rlfleet("model", "import", str(empty), "--output", str(busy))
+    assert proc.returncode == 2 and "exists and is not empty (pass --force" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
+    """The recipe's steps, shrunk: prepare data, evaluate the base model, train 2 steps, evaluate the
+    checkpoint, plot."""
+    data = tmp_path / "data"
+    for split in ("train", "test"):
+        proc = rlfleet("data", "gsm8k", "--input", str(ASSETS / f"{split}.jsonl"), "--output",
+                       str(data / f"{split}.parquet"), "--split", split)
+        assert proc.returncode == 0, proc.stderr
+    shrink = [f"model.path={smollm2}", f"data.train_files=[{data / 'train.parquet'}]",
+              f"data.val_files=[{data / 'test.parquet'}]", f"run.output_dir={tmp_path / 'runs'}",
+              "rollout.n=2", "rollout.max_new_tokens=12", "controller.prompts_per_step=2", "controller.max_steps=2",
+              "controller.eval_every=2", "learner.checkpoint_every=2", "learner.lr_warmup_steps=1",
+              "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
+    config = str(REPO / "deploy" / "configs" / "gsm8k-smollm2-135m.yaml")
+    base = rlfleet("eval", "--config", config, *shrink, "--output", str(tmp_path / "base.json"))
+    assert base.returncode == 0, base.stderr[-3000:]
+    run = rlfleet("run", "--config", config, *shrink, timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "6 training prompts from train.parquet" in run.stdout
+    run_dir = tmp_path / "runs" / "gsm8k-smollm2-135m"
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    train = [m for m in metrics if "actor/pg_loss" in m]
+    assert [m["step"] for m in train] == [1, 2]
+    assert train[0]["actor/lr"] == pytest.approx(1e-5) and train[1]["actor/lr"] == pytest.approx(2e-5)  # warmup
+    assert any("val/openai/gsm8k/accuracy" in m for m in metrics)
+    samples = read_jsonl(run_dir / "samples" / "train.jsonl")
+    assert {s["prompt_index"] for s in samples} <= set(range(6))
+    after = rlfleet("eval", "--config", config, *shrink, "--model", str(run_dir), "--output",
+                    str(tmp_path / "after.json"))
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert json.loads((tmp_path / "after.json").read_text())["model"].endswith("step_2")
+    assert rlfleet("plot", str(run_dir)).returncode == 0
