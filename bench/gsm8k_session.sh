@@ -6,6 +6,7 @@
 #        joins the GGUF, imports the model, prepares GSM8K, trains to step STEPS (evaluating step 0)
 #   carry [.whl]                      bash bench/gsm8k_session.sh resume STEPS   continues to step STEPS
 #   carry [.whl]                      bash bench/gsm8k_session.sh eval CHECKPOINT  `rlfleet eval` of one
+#   carry [.carry/p1 .carry/data .whl] bash bench/gsm8k_session.sh trl SECONDS   (after part0) TRL side by side
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/, each under
 # the 64 MiB a call carries) and GSM8K's train.jsonl/test.jsonl in data/; .whl/: bench/make_wheels.sh.
 # Outputs (metrics, samples, eval reports, curves, logs) go to $OUT.
@@ -46,7 +47,7 @@ case "${1:-}" in
       2>&1 | grep -v Warning
     rlfleet data gsm8k --input .carry/data/train.jsonl --output "$work/data/train.parquet"
     rlfleet data gsm8k --input .carry/data/test.jsonl --output "$work/data/test.parquet" --split test
-    timeout 470 python3 -m rlfleet.cli run --config $config "${paths[@]}" controller.max_steps="${2:-100}" \
+    timeout 520 python3 -m rlfleet.cli run --config $config "${paths[@]}" controller.max_steps="${2:-100}" \
       "controller.eval_every=${2:-100}" 2>&1 | grep -v "Warning\|warn(" | tail -40
     collect
     ;;
@@ -55,6 +56,19 @@ case "${1:-}" in
     timeout 540 python3 -m rlfleet.cli run --config $config "${paths[@]}" controller.max_steps="${2:-200}" \
       "controller.eval_every=${2:-200}" controller.resume=latest 2>&1 | grep -v "Warning\|warn(" | tail -40
     collect
+    ;;
+  trl)  # after part0: the same job through TRL's GRPOTrainer on one GPU, then `rlfleet eval` of its model
+    setup
+    cat "$work/gguf.part00" .carry/p1/gguf.part01 > "$work/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+    rlfleet model import "$work/SmolLM2-135M-Instruct.Q4_1.gguf" --output "$work/models/smollm2-135m" --force \
+      2>&1 | grep -v Warning | tail -3
+    rlfleet data gsm8k --input .carry/data/train.jsonl --output "$work/data/train.parquet"
+    rlfleet data gsm8k --input .carry/data/test.jsonl --output "$work/data/test.parquet" --split test
+    CUDA_VISIBLE_DEVICES=0 timeout 420 python3 bench/gsm8k_trl.py --model "$work/models/smollm2-135m" \
+      --data "$work/data/train.parquet" --out "$work/trl" --wall-s "${2:-300}" 2>&1 | grep -v "Warning\|warn(" | tail -30
+    cp "$work/trl/trl_steps.jsonl" "$out/"
+    rlfleet eval --config $config "${paths[@]}" --model "$work/trl/model" --output "$out/trl_eval.json" \
+      2>&1 | grep -v Warning | tail -4
     ;;
   eval)
     setup

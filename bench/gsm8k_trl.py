@@ -1,0 +1,99 @@
+"""The GSM8K recipe's job through TRL's GRPOTrainer, for a side-by-side with rlfleet
+(docs/recipes/gsm8k-smollm2.md): same model folder, same Parquet prompts (chat messages), same
+reward function (rlfleet's gsm8k rule), same group size, prompts per step, temperature, response
+budget, learning rate and warmup, clip (0.2 / 0.28), no KL, token-mean loss; transformers
+`generate` (TRL's default without vLLM), one GPU. Stops after --max-steps or --wall-s seconds,
+whichever comes first, then saves the model for `rlfleet eval`.
+
+    python bench/gsm8k_trl.py --model MODEL_DIR --data train.parquet --out OUT_DIR [--wall-s 300]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--config", default="deploy/configs/gsm8k-smollm2-135m.yaml")
+    p.add_argument("--max-steps", type=int, default=0, help="default: the config's controller.max_steps")
+    p.add_argument("--wall-s", type=float, default=0.0, help="stop after this many seconds of training (0: none)")
+    p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
+    args = p.parse_args()
+
+    import pyarrow.parquet as pq
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlfleet.config import load_config
+    from services.reward.fns.gsm8k import compute_score
+
+    cfg = load_config(args.config)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = pq.read_table(args.data).to_pylist()
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"],
+                                  "data_source": r["data_source"]} for r in rows])
+    rewards: list[float] = []
+
+    def gsm8k_reward(prompts, completions, ground_truth, data_source, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        scores = [compute_score(s, t, g) for s, t, g in zip(data_source, texts, ground_truth)]
+        rewards.extend(scores)
+        return scores
+
+    start = time.time()
+
+    class Progress(TrainerCallback):
+        seen = 0
+
+        def on_step_end(self, targs, state, control, **kwargs):
+            batch = rewards[self.seen:]
+            self.seen = len(rewards)
+            line = {"step": state.global_step, "t": round(time.time() - start, 2),
+                    "reward": sum(batch) / max(1, len(batch)), "samples": len(batch)}
+            print(json.dumps(line), flush=True)
+            with open(out / "trl_steps.jsonl", "a") as f:
+                f.write(json.dumps(line) + "\n")
+            if args.wall_s and time.time() - start > args.wall_s:
+                control.should_training_stop = True
+
+    cuda = torch.cuda.is_available()
+    group = cfg.controller.prompts_per_step * cfg.rollout.n
+    micro = min(args.micro_batch, group)
+    lc, alg = cfg.learner, cfg.algorithm
+    config = GRPOConfig(
+        output_dir=str(out / "trainer"), max_steps=args.max_steps or cfg.controller.max_steps, seed=cfg.run.seed,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=group // micro,
+        num_generations=cfg.rollout.n, max_completion_length=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, use_vllm=False,
+        learning_rate=lc.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=lc.lr_warmup_steps,
+        adam_beta1=lc.betas[0], adam_beta2=lc.betas[1], weight_decay=lc.weight_decay, max_grad_norm=lc.grad_clip,
+        optim="adamw_torch_fused" if cuda else "adamw_torch", beta=alg.kl_coef, epsilon=alg.clip_low, epsilon_high=alg.clip_high,
+        num_iterations=1, loss_type="dapo", scale_rewards="group", bf16=cuda, use_cpu=not cuda,
+        gradient_checkpointing=False, model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32}, logging_steps=1, save_strategy="no", report_to="none",
+        disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    trainer = GRPOTrainer(model=args.model, reward_funcs=gsm8k_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Progress()])
+    trainer.train()
+    trainer.model.to(torch.float32).save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    print(json.dumps({"steps": trainer.state.global_step, "seconds": round(time.time() - start, 1),
+                      "samples": len(rewards), "reward_mean": sum(rewards) / max(1, len(rewards))}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
