@@ -1,7 +1,7 @@
 """End-to-end GRPO throughput: rlfleet asynchronous vs rlfleet synchronous vs TRL's GRPOTrainer.
 
 The same job three ways, one after the other, in one invocation:
-  (a) rlfleet-async   `python -m rlfleet.cli run`, rollout on GPU --rollout-gpu, learner on GPU
+  (a) rlfleet-async   `python -m rlfleet.app.cli run`, rollout on GPU --rollout-gpu, learner on GPU
                       --learner-gpu (weights over NCCL), controller.max_staleness=--staleness (1)
   (b) rlfleet-sync    the same with controller.max_staleness=0 (on-policy, no overlap)
   (c) trl             trl.GRPOTrainer on GPU --trl-gpu, transformers generate (no vLLM)

@@ -1,4 +1,4 @@
-"""One rlfleet arm of bench/e2e_grpo.py: `python -m rlfleet.cli run ...` as a child process.
+"""One rlfleet arm of bench/e2e_grpo.py: `python -m rlfleet.app.cli run ...` as a child process.
 
 Steps are read from the run's own metrics.jsonl while it runs: each line is stamped when it
 appears (polled every 20 ms), and its samples and generated tokens come from the line itself
@@ -57,7 +57,7 @@ def run_arm(args, *, name: str, staleness: int, model_dir: Path, parquet: Path, 
     if run_dir.exists():
         import shutil
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "rlfleet.cli", "run",
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run",
            *overrides(args, name=name, staleness=staleness, model_dir=model_dir, parquet=parquet,
                       micro_batch_tokens=micro_batch_tokens)]
     log_path = Path(args.work_dir) / f"{name}.log"

@@ -69,7 +69,7 @@ def init_learner_world(expected_size: int, device_spec: str, first_gpu: int, tim
     env = torchrun_env()
     if env is None:
         raise ConfigError(f"learner.world_size={expected_size} needs torchrun: start it with `python -m "
-                          f"torch.distributed.run --standalone --nproc-per-node {expected_size} -m rlfleet.cli "
+                          f"torch.distributed.run --standalone --nproc-per-node {expected_size} -m rlfleet.app.cli "
                           "serve learner …` (rlfleet run does this)")
     rank, world_size, local_rank = env
     if world_size != expected_size:

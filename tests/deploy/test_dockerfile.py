@@ -111,8 +111,8 @@ def test_the_context_holds_the_package_and_nothing_local():
     assert {
         "pyproject.toml",
         "README.md",
-        "rlfleet/cli.py",
-        "rlfleet/health_cli.py",
+        "rlfleet/app/cli.py",
+        "rlfleet/app/health_cli.py",
         "services/learner/servicer.py",
         "controller/main.py",
     } <= context
@@ -155,9 +155,9 @@ def test_the_copied_sources_build_a_complete_package(tmp_path):
     assert expected <= names, f"missing from the image's package: {sorted(expected - names)[:10]}"
     # The installed package (not this checkout) answers the entrypoint's command.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import rlfleet, rlfleet.cli; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import rlfleet, rlfleet.app.cli; "
         "assert rlfleet.__file__.startswith(sys.argv[1]), rlfleet.__file__; "
-        "sys.argv = ['rlfleet', 'health', '--help']; rlfleet.cli.main()"
+        "sys.argv = ['rlfleet', 'health', '--help']; rlfleet.app.cli.main()"
     )
     run = subprocess.run(
         [sys.executable, "-I", "-c", code, str(tmp_path / "site")],

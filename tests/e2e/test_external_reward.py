@@ -52,7 +52,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def sdk_digits_server() -> Iterator[str]:
-    proc, address = start_server([sys.executable, "-m", "rlfleet.cli", "reward", "serve", "digits", "--port", "0"],
+    proc, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits", "--port", "0"],
                                  REPO, "serving on ")
     yield address
     stop_server(proc)
@@ -126,11 +126,11 @@ def test_short_run_rewarded_by_the_node_server(run_dir, node_example):
 
 @pytest.mark.slow
 def test_reward_server_dying_mid_run_stops_it_with_a_clear_error(run_dir):
-    server, address = start_server([sys.executable, "-m", "rlfleet.cli", "reward", "serve", "digits", "--port",
+    server, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits", "--port",
                                     "0"], REPO, "serving on ")
     metrics = run_dir / "dies" / "metrics.jsonl"
     run = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}", "run.name=dies",
+        [sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}", "run.name=dies",
          "controller.max_steps=40", "reward.max_consecutive_failures=64",
          (f"reward.sources=[{{name: ext, address: '{address}', max_retries: 1, backoff_s: 0.05, "
          f"circuit_failures: 2, circuit_cooldown_s: 1.0}}]")],

@@ -21,7 +21,7 @@ ROLES = ("rollout", "reward", "learner")
 
 
 def _spawn(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -108,7 +108,7 @@ def _wait_first_step(proc: subprocess.Popen, run: Path) -> None:
 
 
 def _exit_code(proc: subprocess.Popen, timeout: float) -> int:
-    """The exit code; on a hang, fails with every thread's stack (`kill -USR1`, rlfleet/cli.py)."""
+    """The exit code; on a hang, fails with every thread's stack (`kill -USR1`, rlfleet/app/cli.py)."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -57,7 +57,7 @@ def hosts():
 
 
 def _in(ns: str, *args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.cli", *args], cwd=REPO,
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.app.cli", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlfleet.cli import main as cli_main
+from rlfleet.app.cli import main as cli_main
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -106,7 +106,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     cmd = [
         sys.executable,
         "-m",
-        "rlfleet.cli",
+        "rlfleet.app.cli",
         "run",
         f"run.output_dir={runs}",
         "run.name=obs",

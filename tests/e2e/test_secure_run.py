@@ -55,7 +55,7 @@ def test_run_with_mutual_tls_and_token(run_dir, tmp_path):
         f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
         f"  require_client_cert: true\n  token_file: {token_file}\n")
     steps = 3
-    cmd = [sys.executable, "-m", "rlfleet.cli", "run", "--config", str(config), f"run.output_dir={run_dir}",
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", "--config", str(config), f"run.output_dir={run_dir}",
            "run.name=secure", f"controller.max_steps={steps}", "controller.prompts_per_step=4",
            "controller.prompts_per_request=4", "rollout.n=4", "learner.verify_weights=true"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from rlfleet.proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet.reward_check import FAIL, NA, PASS, check_server, format_table
-from rlfleet.reward_sdk import serve
+from rlfleet.app.reward_check import FAIL, NA, PASS, check_server, format_table
+from rlfleet.app.reward_sdk import serve
 from rlfleet.rpc.channel import open_channel
 from tests.reward_servers import Behaviour, RunningFaulty
 

@@ -164,7 +164,7 @@ def test_authenticated_client_is_served(served, pki):
 
 def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
     """`security.use(cfg.security)` (what every entry point does) reaches open_channel and `rlfleet health`."""
-    from rlfleet import health_cli
+    from rlfleet.app import health_cli
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")

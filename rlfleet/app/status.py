@@ -115,7 +115,7 @@ def _query(row: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _restart_counts(folder: Path) -> dict[str, int]:
-    """How many times `rlfleet run` restarted each service (rlfleet/supervisor.py appends one line each)."""
+    """How many times `rlfleet run` restarted each service (rlfleet/app/supervisor.py appends one line each)."""
     counts: dict[str, int] = {}
     try:
         lines = (folder / "restarts.jsonl").read_text().splitlines()

@@ -7,11 +7,10 @@ import signal
 import sys
 import threading
 
-from rlfleet import health_cli, plot
+from rlfleet.app import eval_command, health_cli, plot
+from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
-from rlfleet.eval import command as eval_command
-from rlfleet.interrupt import Interrupted, StopOnSignal
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--prometheus-sd", metavar="FILE", help="also write the services' /metrics addresses "
                         "as a Prometheus file_sd targets file (see deploy/prometheus/)")
     sub.add_parser("build-model", help="build (or find cached) the embedded tiny model; prints its folder")
-    from rlfleet.reward_cli import add_reward_parser
+    from rlfleet.app.reward_cli import add_reward_parser
     add_reward_parser(sub)
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
@@ -73,10 +72,10 @@ def _use_security_of(config: str | None, run_dir: str | None = None) -> None:
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from rlfleet.launch import run_job
+        from rlfleet.app.launch import run_job
         run_job(_load(args))
     elif args.command == "serve":
-        from rlfleet.serve import SERVERS
+        from rlfleet.app.serve import SERVERS
         SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
@@ -87,17 +86,17 @@ def dispatch(args: argparse.Namespace) -> int:
         if missing:
             raise RlfleetError("rlfleet controller needs " + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
-        from rlfleet.launch import format_progress
+        from rlfleet.app.launch import format_progress
         from rlfleet.logging import setup_logging
         setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
         addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
-        from rlfleet.launch import replica_names
+        from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
             run_controller(cfg, addresses, stop=signals.stop,
                            on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
-        from rlfleet.status import print_status
+        from rlfleet.app.status import print_status
         _use_security_of(args.config, args.run_dir)
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd)
     elif args.command == "data":
@@ -107,7 +106,7 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "plot":
         return plot.run(args)
     elif args.command == "reward":
-        from rlfleet.reward_cli import run_reward_command
+        from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)
     elif args.command == "health":
         _use_security_of(getattr(args, "config", None))

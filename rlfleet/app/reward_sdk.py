@@ -1,6 +1,6 @@
 """Turn a Python function into an rlfleet reward server.
 
-    from rlfleet.reward_sdk import serve
+    from rlfleet.app.reward_sdk import serve
 
     def score(data_source, solution_str, ground_truth, extra_info):
         return float(solution_str.strip() == ground_truth)

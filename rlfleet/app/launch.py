@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.app.serve import ROLES
+from rlfleet.app.supervisor import Supervisor
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.interrupt import StopOnSignal
 from rlfleet.reward_config import needs_reward_service
 from rlfleet.rpc.service_main import PARENT_PID_ENV
-from rlfleet.serve import ROLES
-from rlfleet.supervisor import Supervisor
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Child:
     proc: subprocess.Popen
     stderr_path: Path
     expected_exit: bool = field(default=False)
-    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
+    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/app/supervisor.py)
     env: dict[str, str] | None = None
 
     def describe_exit(self) -> str:
@@ -101,11 +101,11 @@ class Launcher:
         if self.stop.is_set():  # Ctrl-C while starting: start nothing more
             raise RlfleetError("stopping")
         stderr_path = self.run_dir / "logs" / f"{name}.stderr"
-        cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
+        cmd = [sys.executable, "-m", "rlfleet.app.cli", "serve", role, "--name", name, "--index", str(index),
                "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
         if role == "learner" and self.cfg.learner.world_size > 1:  # one process per rank; rank 0 serves gRPC
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                        str(self.cfg.learner.world_size), "-m", "rlfleet.cli"]
+                        str(self.cfg.learner.world_size), "-m", "rlfleet.app.cli"]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
@@ -197,7 +197,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
                                      on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
                                                              flush=True))
         except RlfleetError:
-            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/interrupt.py)
+            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
                 dead = launcher.dead_child()
                 if dead:
