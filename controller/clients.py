@@ -124,3 +124,13 @@ class LearnerClient(_Client):
     @_rpc
     def save_checkpoint(self, step: int) -> str:
         return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step), timeout=self.timeout_s).path
+
+    @_rpc
+    def checkpoints(self) -> dict[int, str]:
+        """The learner's complete checkpoints by step (paths on its machine), the one it started from
+        included: what a resumed run can continue from."""
+        reply = self._stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=self.timeout_s)
+        found = {c.step: c.path for c in reply.checkpoints}
+        if reply.HasField("restored_from"):
+            found[reply.restored_from.step] = reply.restored_from.path
+        return found

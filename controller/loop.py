@@ -28,7 +28,7 @@ from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
 from controller.journal import Journal
 from controller.outputs import RunWriter
-from controller.recovery import Recovery
+from controller.recovery import Recovery, Stopped
 from controller.rewards import reward_metrics
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
@@ -37,10 +37,6 @@ from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
-
-
-class Stopped(RlfleetError):
-    """The loop was asked to stop."""
 
 
 class GRPOLoop:

@@ -54,15 +54,6 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
-    resume = None
-    if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
-        state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume)
-        resume = load_state(state_file)
-        restore_source(source, resume.source)
-        for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
-            truncate_jsonl(cfg.run.dir / name, resume.step)
-        log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=str(checkpoint),
-                 requeued=sum(len(d["members"]) for d in resume.requeue))
     evaluator = PeriodicEval.from_config(cfg, tokenizer)
 
     loop_ref: list[GRPOLoop] = []
@@ -87,6 +78,15 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         clients.append(reward)
         learner = LearnerClient(addresses["learner"], **kw)
         clients.append(learner)
+        resume = None
+        if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
+            state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume, learner.checkpoints())
+            resume = load_state(state_file)
+            restore_source(source, resume.source)
+            for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
+                truncate_jsonl(cfg.run.dir / name, resume.step)
+            log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=checkpoint,
+                     requeued=sum(len(d["members"]) for d in resume.requeue))
         if resume is not None and learner.status().policy_version != resume.policy_version:
             raise CheckpointError(f"the learner at {learner.address} holds policy version "
                                   f"{learner.status().policy_version}, the checkpoint of step {resume.step} has "

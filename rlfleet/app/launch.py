@@ -186,8 +186,13 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
     resolve_model_path(cfg.model.path)  # build the embedded model once, before the services race for it
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
-        from controller.state import resolve_resume
-        cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
+        from controller.state import resolve_resume, resume_folder
+        from services.learner.checkpoint import complete_checkpoints
+
+        # The learner is not started yet: read its checkpoints here, where both roles' files are local.
+        found = complete_checkpoints(resume_folder(cfg.run.dir, cfg.controller.resume) / "checkpoints")
+        cfg.learner.resume_from = resolve_resume(cfg.run.dir, cfg.controller.resume,
+                                                 {step: str(path) for step, path in found.items()})[1]
     launcher = Launcher(cfg)
     with StopOnSignal(launcher.stop, on_first=launcher.shutdown) as signals:
         try:

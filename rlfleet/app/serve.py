@@ -67,7 +67,7 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
             restore_learner(learner, checkpoint)
-        servicer.attach(learner)
+        servicer.attach(learner, restored_from=checkpoint)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, load, name=name)
@@ -80,6 +80,7 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
     from rlfleet.logging import setup_logging
     from rlfleet.proto.v1 import learner_pb2_grpc
     from rlfleet.rpc.service_main import run_service
+    from services.learner.checkpoint import resolve_checkpoint
     from services.learner.distributed import LearnerFront, exit_learner_world, init_learner_world
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
     from services.learner.worker_loop import build_sharded_learner, follow
@@ -105,7 +106,9 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
 
             def load() -> None:
                 front.append(LearnerFront(build_sharded_learner(cfg, world), world))
-                servicer.attach(front[0])
+                # the checkpoint build_sharded_learner restored (nothing has written a newer one yet)
+                servicer.attach(front[0], restored_from=resolve_checkpoint(cfg.run.dir / "checkpoints",
+                                                                           cfg.learner.resume_from))
 
             try:
                 run_service("learner", cfg, cfg.learner, [SERVICE_NAME],

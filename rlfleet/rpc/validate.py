@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.sample_checks import check_sample_shape
 from rlfleet.security_config import LimitsConfig
-from services.learner.batching import check_sample_shape
 
 BACKENDS = ("gloo", "nccl")
 MAX_STOP_STRINGS = 64

@@ -91,14 +91,20 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: An
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The highest complete step_N folder (one with meta.json), or None."""
-    best: tuple[int, Path] | None = None
+def complete_checkpoints(root: Path) -> dict[int, Path]:
+    """Every complete step_N folder under root (one with meta.json), by step."""
+    found = {}
     for child in root.glob("step_*"):
         suffix = child.name.removeprefix("step_")
-        if suffix.isdigit() and (child / META).is_file() and (best is None or int(suffix) > best[0]):
-            best = (int(suffix), child)
-    return best[1] if best else None
+        if suffix.isdigit() and (child / META).is_file():
+            found[int(suffix)] = child
+    return found
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The highest complete step_N folder (one with meta.json), or None."""
+    found = complete_checkpoints(root)
+    return found[max(found)] if found else None
 
 
 def resolve_checkpoint(root: Path, spec: str | None) -> Path | None:

@@ -166,6 +166,10 @@ class LearnerFront:
         return self.learner.step
 
     @property
+    def checkpoint_dir(self) -> Path:
+        return self.learner.checkpoint_dir
+
+    @property
     def model(self):
         """The sharded policy (the servicer reads its vocabulary size to validate token ids)."""
         return self.learner.model

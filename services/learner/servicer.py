@@ -1,6 +1,8 @@
 """Learner gRPC servicer: converts and delegates to Learner."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
@@ -9,6 +11,7 @@ from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
 from rlfleet.rpc.security import current, current_limits
 from rlfleet.security_config import LimitsConfig
+from services.learner.checkpoint import complete_checkpoints, read_meta
 from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
@@ -32,11 +35,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
+        self.restored_from: Path | None = None
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
 
-    def attach(self, learner: Learner) -> None:
+    def attach(self, learner: Learner, restored_from: Path | None = None) -> None:
+        """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints)."""
         self.learner = learner
+        self.restored_from = restored_from
 
     def _ready(self) -> Learner:
         if self.learner is None:
@@ -77,6 +83,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.version(request.step, "step")
         return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
+
+    @rpc_method
+    def ListCheckpoints(self, request, context):
+        learner = self._ready()
+        found = complete_checkpoints(learner.checkpoint_dir)
+        reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
+            learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
+        if self.restored_from is not None:
+            step = int(read_meta(self.restored_from)["step"])
+            reply.restored_from.CopyFrom(learner_pb2.CheckpointInfo(step=step, path=str(self.restored_from)))
+        return reply
 
     @rpc_method
     def GetStatus(self, request, context):

@@ -138,6 +138,7 @@ def valid_requests() -> dict[str, object]:
         "OpenWeightGroup": learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=0.2),
         "PushWeights": learner_pb2.PushWeightsRequest(version=10**6),
         "SaveCheckpoint": learner_pb2.SaveCheckpointRequest(step=-1),
+        "ListCheckpoints": learner_pb2.ListCheckpointsRequest(),
     }
 
 

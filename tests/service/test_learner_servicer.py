@@ -100,6 +100,29 @@ def test_learner_save_checkpoint(learner_server, tmp_path):
     assert not list(path.parent.glob("*.tmp-*"))  # nothing half-written left behind
 
 
+def test_learner_lists_its_checkpoints_for_a_resuming_controller(learner_server, tmp_path):
+    """The controller asks the learner which checkpoints a run can resume from (it never reads the
+    learner's files): complete ones only, plus the one the learner started from."""
+    from controller.clients import LearnerClient
+
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    assert list(stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT).checkpoints) == []
+    first = stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path
+    (Path(first).parent / "step_5").mkdir()  # a save that never completed: no meta.json
+    reply = stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT)
+    assert [(c.step, c.path) for c in reply.checkpoints] == [(1, first)]
+    assert not reply.HasField("restored_from")
+    other_run = tmp_path / "other" / "step_3"  # the learner was started from another run's checkpoint
+    other_run.mkdir(parents=True)
+    (other_run / "meta.json").write_text(json.dumps({"step": 3}))
+    learner_server.servicer.attach(learner_server.servicer.learner, restored_from=other_run)
+    client = LearnerClient(learner_server.server.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT)
+    try:
+        assert client.checkpoints() == {1: first, 3: str(other_run)}
+    finally:
+        client.close()
+
+
 def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
     """Same weights on both sides: the learner's logprobs of a rollout's samples equal the
     behaviour logprobs, so the first step is on-policy (importance ratio 1)."""

@@ -122,13 +122,15 @@ def test_controller_state_resolution_and_truncation(tmp_path: Path) -> None:
                             [{"seed": 7, "members": [[19, 2], [20, 3]]}])
     save_state(run, state)
     with pytest.raises(CheckpointError, match="nothing to resume"):
-        resolve_resume(run, "latest")  # no learner checkpoint of that step
-    (run / "checkpoints" / "step_4").mkdir(parents=True)
-    (run / "checkpoints" / "step_4" / "meta.json").write_text("{}")
+        resolve_resume(run, "latest", {})  # the learner has no checkpoint of that step
+    ckpt = str(run / "checkpoints" / "step_4")
+    learner_has = {2: str(run / "checkpoints" / "step_2"), 4: ckpt}  # as the learner reports them
     save_state(run, ControllerState(6, 6, 30, state.source, []))  # its learner checkpoint never completed
-    state_file, ckpt = resolve_resume(run, "latest")
-    assert ckpt == run / "checkpoints" / "step_4"
-    assert resolve_resume(run, str(ckpt)) == (state_file, ckpt)
+    state_file, found = resolve_resume(run, "latest", learner_has)
+    assert found == ckpt
+    assert resolve_resume(run, ckpt, learner_has) == (state_file, ckpt)
+    with pytest.raises(CheckpointError, match="no complete checkpoint of step 6"):
+        resolve_resume(run, str(run / "checkpoints" / "step_6"), learner_has)
     loaded = load_state(state_file)
     assert loaded == state
     [d] = loaded.dispatches(prompts(5))

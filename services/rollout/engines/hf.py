@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.errors import ConfigError
+from rlfleet.ops.logprobs import token_logprobs
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.naming import model_weights
-from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine, check_prompts
 from services.rollout.engines.decoder import unsupported_reason
 from services.rollout.engines.static_generate import StaticGenerator, left_padded
