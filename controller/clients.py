@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from controller.reward_tally import RewardTally
 from rlfleet import types as t
 from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
@@ -84,9 +85,11 @@ class RolloutClient(_Client):
 class RewardClient(_Client):
     role = "reward"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, tally: RewardTally | None = None, **kwargs):
+        """`tally`: under `reward.sources`, adds up each reply's per-source scores and costs."""
         super().__init__(*args, **kwargs)
         self._stub = reward_pb2_grpc.RewardStub(self.channel)
+        self.tally = tally
 
     @_rpc
     def score(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
@@ -95,7 +98,13 @@ class RewardClient(_Client):
         if [r.id for r in results] != [i.id for i in items]:
             raise RlfleetError(f"reward service at {self.address} returned {len(results)} results for "
                                f"{len(items)} items (or out of order)")
+        if self.tally is not None:
+            self.tally.add(results)
         return results
+
+    def step_metrics(self, groups: list) -> dict[str, float]:
+        """`reward/<source>/…` and `reward/excluded_total` under `reward.sources`, else nothing."""
+        return self.tally.step_metrics(groups) if self.tally is not None else {}
 
 
 class LearnerClient(_Client):

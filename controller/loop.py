@@ -29,7 +29,6 @@ from controller.groups import ScoredGroup, score_items
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
-from controller.rewards import reward_metrics
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
@@ -258,7 +257,7 @@ class GRPOLoop:
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
                 metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
-                metrics.update(reward_metrics(self.reward, groups))  # reward/<source>/… under reward.sources
+                metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version, self.rollout.generate,
                                                             self.reward.score))

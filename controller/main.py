@@ -15,11 +15,11 @@ from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.service_main import announce
-from controller.clients import LearnerClient, RolloutClient
+from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
 from controller.journal import Journal
 from controller.loop import GRPOLoop
-from controller.rewards import make_reward_client
+from controller.reward_tally import RewardTally
 from controller.outputs import RunWriter
 from controller.state import load_state, resolve_resume, restore_source, truncate_jsonl
 from controller.status_servicer import start_status_server
@@ -74,7 +74,10 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive)
         rollout = [RolloutClient(address, **kw) for address in rollout_addresses(addresses)]
         clients.extend(rollout)
-        reward = make_reward_client(cfg, addresses, **kw)  # the reward service, or reward.sources
+        # The reward service scores every sample (combining reward.sources when set).
+        tally = (RewardTally([s.name for s in cfg.reward.sources], cfg.reward.max_consecutive_failures)
+                 if cfg.reward.sources else None)
+        reward = RewardClient(addresses["reward"], tally=tally, **kw)
         clients.append(reward)
         learner = LearnerClient(addresses["learner"], **kw)
         clients.append(learner)

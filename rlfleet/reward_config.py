@@ -1,10 +1,11 @@
 """Config of reward sources and of the reward model (the `reward.sources` and `reward.model` keys).
 
-A job with no `reward.sources` scores every sample with the reward service that
-`rlfleet run` starts (`reward.fn`, or `reward.model` when its path is set). With
-`reward.sources`, the controller scores every sample with each source and trains
-on the weighted sum; a sample that any source could not score is left out of
-training and counted, never scored 0.
+Every sample is scored by the reward service that `rlfleet run` starts (or
+`reward.address`). With no `reward.sources` it scores with `reward.fn`, or
+`reward.model` when its path is set. With `reward.sources`, the reward service
+scores every sample with each source (services/reward/sources/) and the controller
+trains on the weighted sum; a sample that any source could not score is left out
+of training and counted, never scored 0.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ class RewardSourceConfig(_Section):
                                 "implementing rlfleet.v1.Reward")
     function: str | None = Field(None, description="a built-in reward (auto, gsm8k, math, exact_match, "
                                  "regex_match, format, length_penalty, code, digits) or pkg.module:function, "
-                                 "run inside the controller")
-    service: bool = Field(False, description="the reward service started by `rlfleet run` "
-                          "(or reward.address): the way to use reward.model or reward.fn as a source")
+                                 "run inside the reward service")
+    service: bool = Field(False, description="the reward service's own scorer (reward.model, else "
+                          "reward.fn): the way to use them as one of several sources")
     fleet_security: bool = Field(True, description="an address source: connect with the `security` section's "
                                  "TLS and bearer token; false: plain gRPC without the token, for a server outside "
                                  "the fleet's trust (docs/security.md)")
@@ -78,8 +79,3 @@ def check_sources(sources: list[RewardSourceConfig]) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"reward.sources: duplicate names {duplicates}")
-
-
-def needs_reward_service(sources: list[RewardSourceConfig]) -> bool:
-    """Whether a job with these sources needs the built-in reward service."""
-    return not sources or any(s.service for s in sources)

@@ -79,9 +79,7 @@ def dispatch(args: argparse.Namespace) -> int:
         SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
-        from rlfleet.reward_config import needs_reward_service
         missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
-                   and (r != "reward" or needs_reward_service(cfg.reward.sources))
                    and (r != "rollout" or not cfg.rollout.addresses)]
         if missing:
             raise RlfleetError("rlfleet controller needs " + " ".join(f"{r}.address=HOST:PORT" for r in missing))

@@ -110,18 +110,11 @@ def _sampling(args: argparse.Namespace, cfg):
 
 
 def reward_scorer(cfg):
-    """What training scores with: `reward.sources` combined (sources that use the reward service need
-    `reward.address`), else the reward service's own core (`reward.model.path`, or `reward.fn`) in-process."""
-    if cfg.reward.sources:
-        from controller.rewards import make_reward_client
-
-        addresses = {"reward": cfg.reward.address} if cfg.reward.address else {}
-        return make_reward_client(
-            cfg, addresses, cfg.controller.rpc_timeout_s, cfg.controller.connect_timeout_s
-        )
+    """What training scores with, in-process: the reward service's core (`reward.sources` combined, else
+    `reward.model.path`, else `reward.fn`)."""
     from services.reward.build import build_scorer
 
-    return build_scorer(cfg.reward)
+    return build_scorer(cfg.reward, connect_timeout_s=cfg.controller.connect_timeout_s)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,7 +22,6 @@ from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.reward_config import needs_reward_service
 from rlfleet.rpc.service_main import PARENT_PID_ENV
 
 
@@ -89,8 +88,6 @@ class Launcher:
                 for index, name in enumerate(replica_names(self.cfg.rollout.replicas)):
                     self._spawn(role, config_path, name, index)
                 continue
-            if role == "reward" and not needs_reward_service(self.cfg.reward.sources):
-                continue  # every reward source is an external server or a function in the controller
             self._spawn(role, config_path, role, 0)
         for child in self.children:
             addresses[child.role] = self._await_announce(child)

@@ -40,7 +40,7 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
 
     servicer = RewardServicer()
     run_service("reward", cfg, cfg.reward, [SERVICE_NAME], reward_pb2_grpc.add_RewardServicer_to_server,
-                servicer, lambda: servicer.attach(build_scorer(cfg.reward)), name=name)
+                servicer, lambda: servicer.attach(build_scorer(cfg.reward, cfg.controller.connect_timeout_s)), name=name)
 
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:

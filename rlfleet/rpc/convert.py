@@ -76,12 +76,16 @@ def score_items_from_proto(msg: reward_pb2.ScoreRequest) -> list[t.ScoreItem]:
 
 
 def score_results_to_proto(results: list[t.ScoreResult]) -> reward_pb2.ScoreResponse:
-    return reward_pb2.ScoreResponse(results=[
-        reward_pb2.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error) for r in results])
+    return reward_pb2.ScoreResponse(
+        results=[reward_pb2.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error, components=r.components)
+                 for r in results],
+        source_metrics=results.source_metrics if isinstance(results, t.ScoredBatch) else {})
 
 
-def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> list[t.ScoreResult]:
-    return [t.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error) for r in msg.results]
+def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> t.ScoredBatch:
+    return t.ScoredBatch([t.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error,
+                                        components=dict(r.components)) for r in msg.results],
+                         dict(msg.source_metrics))
 
 
 def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:

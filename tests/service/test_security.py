@@ -187,7 +187,7 @@ def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
 def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
     """A reward source reaches the mTLS reward service with the process's security; a source with
     fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
-    from controller.rewards.remote_client import RemoteSource
+    from services.reward.sources.remote import RemoteSource
     from rlfleet.reward_config import RewardSourceConfig
     from rlfleet.types import ScoreItem
 

@@ -6,14 +6,13 @@ import re
 
 import pytest
 
-from controller.rewards.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rlfleet.config import load_config
 from rlfleet.errors import ConfigError, InvalidRequest
-from rlfleet.reward_config import needs_reward_service
 from rlfleet.types import ScoreItem
 from services.reward.fns import match, math_answer, penalties
 from services.reward.registry import builtin_functions, load_function, named_functions
 from services.reward.scorer import RewardScorer
+from services.reward.sources.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 
 pytestmark = pytest.mark.unit
 
@@ -91,9 +90,6 @@ def test_reward_sources_config():
                               "{name: len, function: length_penalty, params: {max_length: 9}, weight: -0.5}]")])
     assert [s.name for s in cfg.reward.sources] == ["ext", "len"]
     assert cfg.reward.sources[1].params == {"max_length": 9} and cfg.reward.sources[1].weight == -0.5
-    assert not needs_reward_service(cfg.reward.sources)
-    assert needs_reward_service(load_config().reward.sources)
-    assert needs_reward_service(load_config(None, ["reward.sources=[{name: rm, service: true}]"]).reward.sources)
     for bad, needle in [
         ("[{name: a}]", "exactly one of"),
         ("[{name: a, address: 'h:1', function: gsm8k}]", "exactly one of"),

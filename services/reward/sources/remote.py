@@ -1,4 +1,4 @@
-"""Client of one reward server (an external one, or rlfleet's reward service) for `reward.sources`.
+"""Client of one external reward server, for `reward.sources` (the reward service calls it).
 
 A batch is split into calls of `batch_size` items, at most `max_concurrency` in
 flight. Each call has its own deadline (`timeout_s`). A call that fails
@@ -22,14 +22,14 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.rewards.breaker import HALF_OPEN, CircuitBreaker
-from controller.rewards.stats import SourceStats
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.proto.v1 import reward_pb2_grpc
 from rlfleet.reward_config import RewardSourceConfig
+from rlfleet.reward_stats import SourceStats
 from rlfleet.rpc import convert
 from rlfleet.rpc.security import Security, current, secure_channel
 from rlfleet.types import ScoreItem, ScoreResult
+from services.reward.sources.breaker import HALF_OPEN, CircuitBreaker
 
 log = structlog.get_logger(__name__)
 
@@ -93,21 +93,22 @@ class RemoteSource:
                 self.close()
                 raise
 
-    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    def score(self, items: list[ScoreItem], stats: SourceStats | None = None) -> list[ScoreResult]:
+        stats = stats or SourceStats(parent=self.stats)
         size = self.cfg.batch_size
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
-        self.stats.add(items=len(items))
-        results = [r for chunk in self._pool.map(self._call, chunks) for r in chunk]
-        self.stats.add(errors=sum(not r.ok for r in results))
+        stats.add(items=len(items))
+        results = [r for chunk in self._pool.map(lambda c: self._call(c, stats), chunks) for r in chunk]
+        stats.add(errors=sum(not r.ok for r in results))
         return results
 
-    def _call(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    def _call(self, items: list[ScoreItem], stats: SourceStats) -> list[ScoreResult]:
         request = convert.score_items_to_proto(items)
         attempts = self.cfg.max_retries + 1
         for attempt in range(attempts):
             state = self.breaker.allow()
             if state is None:
-                self.stats.add(rejected=len(items))
+                stats.add(rejected=len(items))
                 return failed(items, f"{self.label}: circuit open after repeated failures, next probe in "
                                      f"{self.breaker.retry_in_s():.1f}s")
             started = time.monotonic()
@@ -115,11 +116,11 @@ class RemoteSource:
                 # A probe may wait for the channel to reconnect, within its deadline.
                 reply = self._stub.Score(request, timeout=self.cfg.timeout_s, wait_for_ready=state == HALF_OPEN)
             except grpc.RpcError as err:
-                self.stats.call(time.monotonic() - started)
+                stats.call(time.monotonic() - started)
                 self.breaker.record_failure()
                 code = err.code()
                 if code in TRANSIENT and attempt + 1 < attempts:
-                    self.stats.add(retries=1)
+                    stats.add(retries=1)
                     time.sleep(self._backoff(attempt))
                     continue
                 detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -128,7 +129,7 @@ class RemoteSource:
                             error=detail, attempts=attempt + 1)
                 return failed(items, f"{self.label}: Score failed with {code.name}: {detail} "
                                      f"(after {attempt + 1} attempt{'s' if attempt else ''})")
-            self.stats.call(time.monotonic() - started)
+            stats.call(time.monotonic() - started)
             return self._accept(items, convert.score_results_from_proto(reply))
         raise AssertionError("unreachable")
 
