@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import e2e_rlfleet, e2e_trl
-from bench.e2e_common import SHAPES, build_model_dir, format_table, max_prompt_tokens, write_prompts
+from bench import e2e_rlfleet, e2e_trl  # noqa: E402 - after the sys.path insert above
+from bench.e2e_common import SHAPES, build_model_dir, format_table, max_prompt_tokens, write_prompts  # noqa: E402
 
 # shape -> defaults: prompts per step, group size, max new tokens, measured steps, warm-up steps, micro-batch seqs
 DEFAULTS = {"0.5b": (32, 8, 256, 10, 2, 32), "tiny": (8, 4, 32, 5, 2, 16)}
