@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from controller.estimators import GROUP_ESTIMATORS
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 from controller.groups import ScoredGroup
 from controller.loop import GRPOLoop
 from controller.sample_builder import SampleBuilder, overlong_penalty
@@ -34,24 +34,24 @@ def group(scores: list[float], lengths: list[int] | None = None, version: int = 
 
 def test_grpo_normalises_by_the_unbiased_std() -> None:
     # [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3) = 0.5773503 -> +-0.5 / 0.5773503 = +-0.8660254
-    assert GROUP_ESTIMATORS.get("grpo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.8660254, -0.8660254,
+    assert ADVANTAGE_ESTIMATORS.get("grpo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.8660254, -0.8660254,
                                                                                  -0.8660254, 0.8660254], abs=1e-5)
 
 
 def test_dr_grpo_only_centres() -> None:
-    assert GROUP_ESTIMATORS.get("dr_grpo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert ADVANTAGE_ESTIMATORS.get("dr_grpo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.5, -0.5, -0.5, 0.5])
 
 
 def test_rloo_leave_one_out_baseline() -> None:
     # [1, 0, 0, 1]: a 1's baseline is (0 + 0 + 1) / 3 = 1/3 -> 2/3 ; a 0's is (1 + 0 + 1) / 3 = 2/3 -> -2/3
-    assert GROUP_ESTIMATORS.get("rloo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert ADVANTAGE_ESTIMATORS.get("rloo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
     # [3, 1, 2]: 3 - (1 + 2) / 2 = 1.5 ; 1 - (3 + 2) / 2 = -1.5 ; 2 - (3 + 1) / 2 = 0
-    assert GROUP_ESTIMATORS.get("rloo")([3.0, 1.0, 2.0]) == pytest.approx([1.5, -1.5, 0.0])
+    assert ADVANTAGE_ESTIMATORS.get("rloo").group_advantages([3.0, 1.0, 2.0]) == pytest.approx([1.5, -1.5, 0.0])
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_edge_cases_all_equal_and_length_one_groups_give_zero(name: str) -> None:
-    estimator = GROUP_ESTIMATORS.get(name)
+    estimator = ADVANTAGE_ESTIMATORS.get(name).group_advantages
     assert estimator([0.7] * 5) == [0.0] * 5  # no signal: exactly zero, not ulp / eps
     assert estimator([5.0]) == [0.0]  # a lone sample has nothing to be compared with
     assert estimator([]) == []
@@ -59,7 +59,7 @@ def test_edge_cases_all_equal_and_length_one_groups_give_zero(name: str) -> None
 
 @pytest.mark.parametrize("name", ["reinforce_pp", "gae"])
 def test_learner_side_estimators_send_zero(name: str) -> None:
-    assert GROUP_ESTIMATORS.get(name)([1.0, 0.0]) == [0.0, 0.0]
+    assert ADVANTAGE_ESTIMATORS.get(name).group_advantages([1.0, 0.0]) == [0.0, 0.0]
 
 
 # --------------------------------------------------------------------------- overlong shaping
