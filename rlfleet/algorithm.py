@@ -129,5 +129,5 @@ class AlgorithmConfig(_Section):
 class LoraConfig(_Section):
     rank: int = Field(0, ge=0, description="LoRA rank of the policy; 0 trains every weight")
     alpha: float = Field(16.0, gt=0.0, description="LoRA scaling numerator (scale = alpha / rank)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA adapters' input")
     target_modules: list[str] | str = Field("all-linear", description="module names to adapt, or all-linear")

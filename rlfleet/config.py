@@ -41,7 +41,8 @@ class RunConfig(Section):
     name: str = Field("default", min_length=1, description="run name; outputs go to output_dir/name")
     output_dir: str = Field("outputs", description="root folder of run outputs")
     seed: int = Field(0, ge=0, description="seed for data order, sampling and model init")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="least severe log "
+                                                                    "level written to logs/ and stderr")
     threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
                                      "`rlfleet run` split the cores between services")
     max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to this many "
@@ -64,7 +65,7 @@ class DataConfig(Section):
     prompt_key: str = Field("prompt", description="column holding a chat message list or a string")
     max_prompt_length: int = Field(512, ge=1, description="prompts longer than this (tokens) are "
                                    "filtered out and counted")
-    shuffle: bool = True
+    shuffle: bool = Field(True, description="visit the prompts in a new seeded order every epoch")
     builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
     val_files: list[str] = Field(default_factory=list, description="Parquet files evaluated every "
                                  "controller.eval_every steps; empty with the built-in task: 64 held-out prompts")
@@ -82,10 +83,11 @@ class RolloutConfig(ServiceEndpointConfig):
     inflight_updates: bool = Field(True, description="vLLM: requests in flight continue under new weights "
                                    "(else a weight update waits for them to finish)")
     n: int = Field(8, ge=1, le=1024, description="completions per prompt (GRPO group size)")
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature; 0 is greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest set of tokens "
+                         "whose probability reaches top_p; 1 keeps all")
     top_k: int = Field(0, ge=0, description="0 disables top-k")
-    max_new_tokens: int = Field(8, ge=1, le=65536)
+    max_new_tokens: int = Field(8, ge=1, le=65536, description="longest response, in tokens")
     stop: list[str] = Field(default_factory=list, description="stop strings")
     max_batch_sequences: int = Field(256, ge=1, description="sequences generated together in one batch")
     hf_decode: Literal["auto", "static", "generate"] = Field(
@@ -113,9 +115,9 @@ class RewardConfig(ServiceEndpointConfig):
 
 
 class LearnerConfig(ServiceEndpointConfig):
-    lr: float = Field(5e-4, gt=0.0, lt=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    lr: float = Field(5e-4, gt=0.0, lt=1.0, description="AdamW learning rate of the policy")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW beta1, beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
@@ -126,7 +128,8 @@ class LearnerConfig(ServiceEndpointConfig):
     weight_checksums: Literal["auto", "on", "off"] = Field(
         "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL")
     weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
-    weight_sync_timeout_s: float = Field(120.0, gt=0.0)
+    weight_sync_timeout_s: float = Field(120.0, gt=0.0, description="a weight push or pull that takes longer "
+                                         "is aborted on both sides")
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
                                  "each rollout's weights; a mismatch stops the run")
     resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, `latest` "
@@ -165,9 +168,9 @@ class LearnerConfig(ServiceEndpointConfig):
 
 
 class ControllerConfig(Section):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="interface the controller's status service binds")
     port: int = Field(0, ge=0, le=65535, description="status service port; 0 picks a free one")
-    max_steps: int = Field(40, ge=1)
+    max_steps: int = Field(40, ge=1, description="training steps (optimizer steps of the policy version) to run")
     prompts_per_step: int = Field(8, ge=1, description="groups per optimizer step")
     max_staleness: int = Field(1, ge=0, description="a group generated by version v may be trained at "
                                "step s only while s - v <= max_staleness; 0 is synchronous on-policy")
@@ -190,15 +193,15 @@ class ControllerConfig(Section):
 
 
 class JobConfig(Section):
-    run: RunConfig = Field(default_factory=RunConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    run: RunConfig = Field(default_factory=RunConfig, description="the run's name, output folder, seed and logging")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model every service loads")
+    data: DataConfig = Field(default_factory=DataConfig, description="the training prompts (Parquet files, or the built-in task)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout service: generation backend and sampling")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward service: reward function, reward model or weighted sources")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the learner service: optimizer, checkpoints, weight sync")
+    controller: ControllerConfig = Field(default_factory=ControllerConfig, description="the GRPO loop: batch sizes, staleness, steps, fault tolerance")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="where metrics go besides metrics.jsonl: TensorBoard, Weights & Biases")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the RL algorithm: preset and knobs (docs/algorithms.md)")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="TLS, mutual TLS and a "
                                      "bearer token on every gRPC server and channel (docs/security.md)")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="largest requests services accept")

@@ -26,7 +26,8 @@ class RewardModelConfig(_Section):
                              "when set the reward service scores with it instead of reward.fn")
     device: str = Field("auto", description="torch device of the reward model: auto, cpu, cuda, cuda:N; "
                         "auto takes the third GPU when there are several (rollout 0, learner 1)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="weights' dtype; "
+                                                                     "auto: bfloat16 on a GPU, else float32")
     batch_size: int = Field(16, ge=1, description="sequences per forward pass")
     max_length: int = Field(2048, ge=8, description="tokens of prompt + response; longer inputs "
                             "lose the start of the prompt, never the response")

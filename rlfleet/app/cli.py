@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from rlfleet.app import eval_command, health_cli, plot
+from rlfleet.app import config_show, eval_command, health_cli, plot
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_command.add_parser(sub)
     plot.add_parser(sub)
     health_cli.add_parser(sub)
+    config_show.add_parser(sub)
     return parser
 
 
@@ -109,6 +110,8 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "health":
         _use_security_of(getattr(args, "config", None))
         return health_cli.run(args)
+    elif args.command == "config":
+        return config_show.run(args)
     elif args.command == "build-model":
         from rlfleet.models.tiny import ensure_tiny_model
         print(ensure_tiny_model())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import structlog
 
-from rlfleet.config import JobConfig
+from rlfleet.config import JobConfig, LearnerConfig
 from rlfleet.devices import resolve_device, resolve_dtype
 from rlfleet.rpc.service_main import run_service
 
@@ -57,10 +57,10 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     def load() -> None:
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
-        if shares_gpu_with_rollout(cfg, device):
-            # NCCL cannot put two ranks of one group on one GPU: go through host memory instead.
-            cfg.learner.weight_backend = "gloo"
-        learner = Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
+        import torch
+
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        learner = Learner(learner_runtime_config(cfg, device, gpus), resolve_model_path(cfg.model.path), device,
                           resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens)
@@ -122,14 +122,21 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
     exit_learner_world(0)  # a clean stop must not end in an abort at interpreter exit
 
 
-def shares_gpu_with_rollout(cfg: JobConfig, device) -> bool:
-    """Under device=auto the learner takes GPU `replicas` mod the GPU count, so with no more GPUs
-    than local rollout replicas it lands on one of theirs."""
-    import torch
-
+def shares_gpu_with_rollout(cfg: JobConfig, device, gpus: int) -> bool:
+    """Under device=auto the learner takes GPU `replicas` mod the GPU count (`gpus`), so with no
+    more GPUs than local rollout replicas it lands on one of theirs."""
     local_rollouts = not (cfg.rollout.address or cfg.rollout.addresses)
     return (cfg.learner.weight_backend == "auto" and device.type == "cuda" and local_rollouts
-            and cfg.learner.device == "auto" and torch.cuda.device_count() <= cfg.rollout.replicas)
+            and cfg.learner.device == "auto" and gpus <= cfg.rollout.replicas)
+
+
+def learner_runtime_config(cfg: JobConfig, device, gpus: int) -> LearnerConfig:
+    """The learner settings this process runs with: the job's, with `weight_backend: auto` resolved to
+    gloo when the learner shares a GPU with a rollout (NCCL cannot put two ranks of one group on one
+    GPU). A copy: the job config, which config.yaml records, stays as validated."""
+    if shares_gpu_with_rollout(cfg, device, gpus):
+        return cfg.learner.model_copy(update={"weight_backend": "gloo"})
+    return cfg.learner
 
 
 SERVERS = {"rollout": serve_rollout, "reward": serve_reward, "learner": serve_learner}
