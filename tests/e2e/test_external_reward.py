@@ -1,8 +1,8 @@
 """External reward servers as separate processes: training on one, and the conformance check.
 
 The training run gets its reward only from a reward server started here as its
-own process (the SDK serving the built-in digits reward); `rlfleet run` starts
-no reward service. The Node.js example server is checked with `rlfleet reward
+own process (the SDK serving the built-in digits reward), which the reward service
+`rlfleet run` starts calls as its only source. The Node.js example server is checked with `rlfleet reward
 check`; npm installs its two packages first (skipped only where node/npm are absent).
 """
 from __future__ import annotations
@@ -76,7 +76,8 @@ def test_training_rewarded_only_by_an_external_server(run_dir, sdk_digits_server
                    f"reward.sources=[{{name: ext, address: '{sdk_digits_server}', weight: 1.0}}]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run_dir / "external"
-    assert not (out / "services" / "reward.json").exists()  # no reward service was started
+    # The reward service composes reward.sources: it calls the external server, the controller calls it.
+    assert (out / "services" / "reward.json").exists()
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == list(range(1, steps + 1))
     for m in lines:
