@@ -16,6 +16,7 @@ from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rpc import convert
 from rlfleet.rpc.channel import wait_until_serving
+from rlfleet.rpc.security import Security
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
@@ -44,10 +45,12 @@ def _rpc(fn: Callable) -> Callable:
 class _Client:
     role = ""
 
-    def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True):
+    def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True,
+                 security: Security | None = None):
+        """`security`: the job's TLS and bearer token (None: plain gRPC)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive)
+        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security)
 
     @_rpc
     def status(self) -> t.ServiceStatus:

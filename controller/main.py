@@ -14,6 +14,7 @@ from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.resolve import resolve_model_path
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
@@ -57,8 +58,9 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     evaluator = PeriodicEval.from_config(cfg, tokenizer)
 
     loop_ref: list[GRPOLoop] = []
+    security = Security.from_config(cfg.security, cfg.limits)  # of the status server and every client
     status = start_status_server(cc.host, cc.port, cfg.run.name, addresses,
-                                 lambda: loop_ref[0] if loop_ref else None)
+                                 lambda: loop_ref[0] if loop_ref else None, security)
     telemetry = ControllerTelemetry()
     announce(cfg.run.dir, "controller", status.address, telemetry.serve(cc.host, cc.metrics_port))
 
@@ -71,7 +73,8 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
 
     clients = []
     try:
-        kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive)
+        kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive,
+                  security=security)
         rollout = [RolloutClient(address, **kw) for address in rollout_addresses(addresses)]
         clients.extend(rollout)
         # The reward service scores every sample (combining reward.sources when set).

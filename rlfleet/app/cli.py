@@ -52,23 +52,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace):
     from rlfleet.config import load_config
-    from rlfleet.rpc import security
-    cfg = load_config(args.config, args.overrides)
-    security.use(cfg.security, cfg.limits)  # TLS and token of every server and channel of this process
-    return cfg
+    return load_config(args.config, args.overrides)
 
 
-def _use_security_of(config: str | None, run_dir: str | None = None) -> None:
-    """`rlfleet status`/`health`: the `security` of --config, else of RUN_DIR/config.yaml when it exists."""
+def _security_of(config: str | None, run_dir: str | None = None):
+    """`rlfleet status`/`health`: the `security` of --config, else of RUN_DIR/config.yaml when it exists,
+    else plain gRPC."""
     from pathlib import Path
+
+    from rlfleet.rpc.security import Security
 
     if config is None and run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
         config = str(Path(run_dir) / "config.yaml")
-    if config is not None:
-        from rlfleet.config import load_config
-        from rlfleet.rpc import security
-        cfg = load_config(config)
-        security.use(cfg.security, cfg.limits)
+    if config is None:
+        return Security()
+    from rlfleet.config import load_config
+    cfg = load_config(config)
+    return Security.from_config(cfg.security, cfg.limits)
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -96,8 +96,8 @@ def dispatch(args: argparse.Namespace) -> int:
                            on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
         from rlfleet.app.status import print_status
-        _use_security_of(args.config, args.run_dir)
-        return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd)
+        return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,
+                            security=_security_of(args.config, args.run_dir))
     elif args.command == "data":
         return data_command.run(args)
     elif args.command == "eval":
@@ -108,8 +108,7 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)
     elif args.command == "health":
-        _use_security_of(getattr(args, "config", None))
-        return health_cli.run(args)
+        return health_cli.run(args, _security_of(getattr(args, "config", None)))
     elif args.command == "config":
         return config_show.run(args)
     elif args.command == "build-model":

@@ -112,17 +112,17 @@ def _sampling(args: argparse.Namespace, cfg):
 def reward_scorer(cfg):
     """What training scores with, in-process: the reward service's core (`reward.sources` combined, else
     `reward.model.path`, else `reward.fn`)."""
+    from rlfleet.rpc.security import Security
     from services.reward.build import build_scorer
 
-    return build_scorer(cfg.reward, connect_timeout_s=cfg.controller.connect_timeout_s)
+    # the job's TLS and token, for the channels to external reward servers
+    return build_scorer(cfg.reward, cfg.controller.connect_timeout_s, Security.from_config(cfg.security, cfg.limits))
 
 
 def run(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
-    from rlfleet.rpc import security
 
     cfg = load_config(args.config, args.overrides)
-    security.use(cfg.security, cfg.limits)  # TLS and token of the channels to reward services
     files = args.data or cfg.data.val_files
     if not files:
         raise ConfigError("rlfleet eval needs --data FILE.parquet (or data.val_files in the config)")

@@ -1,10 +1,14 @@
-"""`rlfleet serve ROLE`: builds one service's core and runs it."""
+"""`rlfleet serve ROLE`: builds one service's core and runs it.
+
+Each service's TLS, bearer token and request limits come from its job config (`security`,
+`limits`) and are handed to its server, servicer and channels here: nothing is process-wide."""
 from __future__ import annotations
 
 import structlog
 
 from rlfleet.config import JobConfig, LearnerConfig
 from rlfleet.devices import resolve_device, resolve_dtype
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import run_service
 
 ROLES = ("rollout", "reward", "learner")
@@ -15,7 +19,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
     from rlfleet.proto.v1 import rollout_pb2_grpc
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
-    servicer = RolloutServicer()
+    security = Security.from_config(cfg.security, cfg.limits)
+    servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
@@ -30,7 +35,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
         servicer.attach(engine)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
-                servicer, load, name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
@@ -38,9 +43,14 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
     from services.reward.build import build_scorer
     from services.reward.servicer import SERVICE_NAME, RewardServicer
 
-    servicer = RewardServicer()
+    security = Security.from_config(cfg.security, cfg.limits)  # also that of its channels to reward sources
+    servicer = RewardServicer(limits=cfg.limits)
+
+    def load() -> None:
+        servicer.attach(build_scorer(cfg.reward, cfg.controller.connect_timeout_s, security))
+
     run_service("reward", cfg, cfg.reward, [SERVICE_NAME], reward_pb2_grpc.add_RewardServicer_to_server,
-                servicer, lambda: servicer.attach(build_scorer(cfg.reward, cfg.controller.connect_timeout_s)), name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
@@ -52,7 +62,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from services.learner.learner import Learner
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
-    servicer = LearnerServicer(host=cfg.learner.host)
+    security = Security.from_config(cfg.security, cfg.limits)
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
@@ -70,7 +81,7 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         servicer.attach(learner, restored_from=checkpoint)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                servicer, load, name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
@@ -101,7 +112,8 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
             structlog.get_logger(__name__).info("following rank 0", rank=world.rank, world_size=world.world_size)
             follow(learner, world)
         else:
-            servicer = LearnerServicer(host=cfg.learner.host)
+            security = Security.from_config(cfg.security, cfg.limits)
+            servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
             front: list[LearnerFront] = []
 
             def load() -> None:
@@ -112,7 +124,8 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
 
             try:
                 run_service("learner", cfg, cfg.learner, [SERVICE_NAME],
-                            learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name)
+                            learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name,
+                            security=security)
             finally:
                 if front:
                     front[0].stop()

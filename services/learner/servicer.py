@@ -9,7 +9,6 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
-from rlfleet.rpc.security import current, current_limits
 from rlfleet.security_config import LimitsConfig
 from services.learner.checkpoint import complete_checkpoints, read_meta
 from services.learner.learner import Learner
@@ -29,9 +28,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
                  weight_token: str | None = None) -> None:
-        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
-        self.limits = limits or current_limits()
-        self.weight_token = weight_token or current().token
+        """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
+        the weight group's rendezvous is signed with (security.token; None: unsigned)."""
+        self.limits = limits or LimitsConfig()
+        self.weight_token = weight_token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None

@@ -3,6 +3,7 @@ reward model when `reward.model.path` is set, else the rule-based scorer of `rew
 from __future__ import annotations
 
 from rlfleet.config import RewardConfig
+from rlfleet.rpc.security import Security
 
 
 def build_own_scorer(cfg: RewardConfig):
@@ -19,10 +20,12 @@ def build_own_scorer(cfg: RewardConfig):
     return RewardScorer(cfg.fn)
 
 
-def build_scorer(cfg: RewardConfig, connect_timeout_s: float = 60.0):
+def build_scorer(cfg: RewardConfig, connect_timeout_s: float = 60.0, security: Security | None = None):
+    """`security`: TLS and token of the channels to external reward servers (sources with
+    fleet_security); None: plain gRPC."""
     if not cfg.sources:
         return build_own_scorer(cfg)
     from services.reward.sources import build_sources
 
     own = f"reward.model {cfg.model.path}" if cfg.model.path else f"reward.fn {cfg.fn}"
-    return build_sources(cfg.sources, lambda: build_own_scorer(cfg), own, connect_timeout_s)
+    return build_sources(cfg.sources, lambda: build_own_scorer(cfg), own, connect_timeout_s, security)

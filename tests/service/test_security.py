@@ -162,8 +162,9 @@ def test_authenticated_client_is_served(served, pki):
                 assert reply.results[0].ok and reply.results[0].score == 1.0
 
 
-def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
-    """`security.use(cfg.security)` (what every entry point does) reaches open_channel and `rlfleet health`."""
+def test_security_from_config_reaches_channels_and_health_cli(served, pki, tmp_path):
+    """The job's `security`, built once by an entry point and passed on, reaches open_channel and
+    `rlfleet health`; nothing is left behind for the rest of the process."""
     from rlfleet.app import health_cli
 
     token_file = tmp_path / "token"
@@ -173,20 +174,18 @@ def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
                              f"security.token_file={token_file}"])
     reward = next(s for s in served if s.role == "reward")
     assert health_cli.check(reward.address) == "UNREACHABLE"  # plain gRPC: the handshake fails
-    try:
-        rpc_security.use(cfg.security, cfg.limits)
-        assert rpc_security.current().token == TOKEN
-        assert health_cli.check(reward.address) == "SERVING"
-        with open_channel(reward.address) as channel:
-            assert ROLES["reward"].stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).ready
-    finally:
-        rpc_security.use(None)
-    assert rpc_security.current().token is None
+    security = Security.from_config(cfg.security, cfg.limits)
+    assert security.token == TOKEN
+    assert health_cli.check(reward.address, security=security) == "SERVING"
+    with open_channel(reward.address, security) as channel:
+        assert ROLES["reward"].stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).ready
+    assert health_cli.check(reward.address) == "UNREACHABLE"  # no process-wide security was set
+    assert not hasattr(rpc_security, "use") and not hasattr(rpc_security, "current")
 
 
 def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
-    """A reward source reaches the mTLS reward service with the process's security; a source with
-    fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
+    """A reward source reaches the mTLS reward service with the fleet's security (given to it); a source
+    with fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
     from services.reward.sources.remote import RemoteSource
     from rlfleet.reward_config import RewardSourceConfig
     from rlfleet.types import ScoreItem
@@ -201,19 +200,18 @@ def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
     plain_servicer.attach(RewardScorer("tests.reward_fixtures:score"))
     plain_server.mark_serving()
     sources = []
+    fleet = Security.from_config(SecurityConfig(tls_cert=str(pki.client_cert), tls_key=str(pki.client_key),
+                                                tls_ca=str(pki.ca), require_client_cert=True, token=TOKEN))
     try:
-        rpc_security.use(SecurityConfig(tls_cert=str(pki.client_cert), tls_key=str(pki.client_key),
-                                        tls_ca=str(pki.ca), require_client_cert=True, token=TOKEN))
         sources.append(RemoteSource(RewardSourceConfig(name="fleet", address=secured.address), secured.address,
-                                    connect_timeout_s=10))
+                                    connect_timeout_s=10, security=fleet))
         sources.append(RemoteSource(RewardSourceConfig(name="outside", address=plain_server.address,
                                                        fleet_security=False), plain_server.address,
-                                    connect_timeout_s=10))
+                                    connect_timeout_s=10, security=fleet))
         for source in sources:
             [result] = source.score([item])
             assert result.ok and result.score == 1.0, (source.name, result)
     finally:
-        rpc_security.use(None)
         for source in sources:
             source.close()
         plain_server.stop(grace_s=0)

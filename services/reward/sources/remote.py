@@ -27,7 +27,7 @@ from rlfleet.proto.v1 import reward_pb2_grpc
 from rlfleet.reward_config import RewardSourceConfig
 from rlfleet.reward_stats import SourceStats
 from rlfleet.rpc import convert
-from rlfleet.rpc.security import Security, current, secure_channel
+from rlfleet.rpc.security import Security, secure_channel
 from rlfleet.types import ScoreItem, ScoreResult
 from services.reward.sources.breaker import HALF_OPEN, CircuitBreaker
 
@@ -73,15 +73,18 @@ def wait_ready(channel: grpc.Channel, label: str, timeout_s: float, alive: Calla
 
 class RemoteSource:
     def __init__(self, cfg: RewardSourceConfig, address: str, connect_timeout_s: float = 60.0,
-                 alive: Callable[[], bool] = lambda: True, wait: bool = True):
+                 alive: Callable[[], bool] = lambda: True, wait: bool = True, security: Security | None = None):
+        """`security`: the fleet's TLS and bearer token, used when the source has fleet_security
+        (None: plain gRPC)."""
         self.cfg, self.name, self.weight, self.address = cfg, cfg.name, cfg.weight, address
         self.label = f"reward source {cfg.name!r} at {address}"
         self.stats = SourceStats()
         self.breaker = CircuitBreaker(cfg.circuit_failures, cfg.circuit_cooldown_s)
         # gRPC's own reconnect backoff must not outlast ours: a server that is back is seen soon.
-        # TLS and the bearer token of `security` (rlfleet.rpc.security), as every rlfleet channel.
-        plain = Security(max_message_bytes=current().max_message_bytes)
-        self.channel = secure_channel(address, None if cfg.fleet_security else plain, extra_options=[
+        # The fleet's TLS and bearer token, or plain gRPC (same message limit) for a server outside it.
+        security = security or Security()
+        plain = Security(max_message_bytes=security.max_message_bytes)
+        self.channel = secure_channel(address, security if cfg.fleet_security else plain, extra_options=[
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self._stub = reward_pb2_grpc.RewardStub(self.channel)
