@@ -84,3 +84,10 @@ def test_every_preset_is_a_valid_config() -> None:
     assert sorted(PRESETS) == sorted(get_args(PresetName))
     for name in PRESETS:
         AlgorithmConfig(name=name)
+
+
+def test_every_rollout_backend_is_a_registered_engine() -> None:
+    from rlfleet.config import RolloutConfig
+    from services.rollout.engines import ENGINES
+
+    assert sorted(get_args(RolloutConfig.model_fields["backend"].annotation)) == ENGINES.names()
