@@ -32,34 +32,39 @@ def group(scores: list[float], lengths: list[int] | None = None, version: int = 
 # --------------------------------------------------------------------------- group estimators
 
 
+def estimator(name: str):
+    """What the controller computes for one group under `algorithm.advantage=name`."""
+    return ADVANTAGE_ESTIMATORS.get(name).group_advantages
+
+
 def test_grpo_normalises_by_the_unbiased_std() -> None:
     # [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3) = 0.5773503 -> +-0.5 / 0.5773503 = +-0.8660254
-    assert ADVANTAGE_ESTIMATORS.get("grpo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.8660254, -0.8660254,
-                                                                                 -0.8660254, 0.8660254], abs=1e-5)
+    assert estimator("grpo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.8660254, -0.8660254,
+                                                                     -0.8660254, 0.8660254], abs=1e-5)
 
 
 def test_dr_grpo_only_centres() -> None:
-    assert ADVANTAGE_ESTIMATORS.get("dr_grpo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.5, -0.5, -0.5, 0.5])
+    assert estimator("dr_grpo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([0.5, -0.5, -0.5, 0.5])
 
 
 def test_rloo_leave_one_out_baseline() -> None:
     # [1, 0, 0, 1]: a 1's baseline is (0 + 0 + 1) / 3 = 1/3 -> 2/3 ; a 0's is (1 + 0 + 1) / 3 = 2/3 -> -2/3
-    assert ADVANTAGE_ESTIMATORS.get("rloo").group_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert estimator("rloo")([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
     # [3, 1, 2]: 3 - (1 + 2) / 2 = 1.5 ; 1 - (3 + 2) / 2 = -1.5 ; 2 - (3 + 1) / 2 = 0
-    assert ADVANTAGE_ESTIMATORS.get("rloo").group_advantages([3.0, 1.0, 2.0]) == pytest.approx([1.5, -1.5, 0.0])
+    assert estimator("rloo")([3.0, 1.0, 2.0]) == pytest.approx([1.5, -1.5, 0.0])
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_edge_cases_all_equal_and_length_one_groups_give_zero(name: str) -> None:
-    estimator = ADVANTAGE_ESTIMATORS.get(name).group_advantages
-    assert estimator([0.7] * 5) == [0.0] * 5  # no signal: exactly zero, not ulp / eps
-    assert estimator([5.0]) == [0.0]  # a lone sample has nothing to be compared with
-    assert estimator([]) == []
+    advantages = estimator(name)
+    assert advantages([0.7] * 5) == [0.0] * 5  # no signal: exactly zero, not ulp / eps
+    assert advantages([5.0]) == [0.0]  # a lone sample has nothing to be compared with
+    assert advantages([]) == []
 
 
 @pytest.mark.parametrize("name", ["reinforce_pp", "gae"])
 def test_learner_side_estimators_send_zero(name: str) -> None:
-    assert ADVANTAGE_ESTIMATORS.get(name).group_advantages([1.0, 0.0]) == [0.0, 0.0]
+    assert estimator(name)([1.0, 0.0]) == [0.0, 0.0]
 
 
 # --------------------------------------------------------------------------- overlong shaping
