@@ -145,7 +145,7 @@ def test_the_copied_sources_build_a_complete_package(tmp_path):
         names = set(zf.namelist())
         zf.extractall(tmp_path / "site")
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert re.search(r"^rlfleet = rlfleet\.cli:main$", entry_points, re.MULTILINE)
+    assert re.search(r"^rlfleet = rlfleet\.app\.cli:main$", entry_points, re.MULTILINE)
     expected = {
         p.relative_to(REPO).as_posix()
         for pkg in ("rlfleet", "services", "controller")
