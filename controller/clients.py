@@ -13,7 +13,14 @@ import grpc
 from controller.reward_tally import RewardTally
 from rlfleet import types as t
 from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
-from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet.proto.v1 import (
+    common_pb2,
+    learner_pb2,
+    learner_pb2_grpc,
+    reward_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+)
 from rlfleet.rpc import convert
 from rlfleet.rpc.channel import wait_until_serving
 from rlfleet.rpc.security import Security
@@ -69,18 +76,22 @@ class RolloutClient(_Client):
 
     def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
         try:
-            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params), timeout=self.timeout_s):
+            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
+                                           timeout=self.timeout_s):
                 yield convert.group_from_proto(msg)
         except grpc.RpcError as err:
             raise _translate(self.role, self.address, "Generate", err) from None
 
     @_rpc
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str,
+                          timeout_s: float) -> None:
         self._stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
-            address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s), timeout=30)
+            address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s),
+            timeout=30)
 
     @_rpc
-    def pull_weights(self, version: int, timeout_s: float, digest: bool = False) -> rollout_pb2.PullWeightsResponse:
+    def pull_weights(self, version: int, timeout_s: float,
+                     digest: bool = False) -> rollout_pb2.PullWeightsResponse:
         return self._stub.PullWeights(rollout_pb2.PullWeightsRequest(version=version, digest=digest),
                                       timeout=timeout_s)
 
@@ -129,13 +140,15 @@ class LearnerClient(_Client):
         return reply.address, reply.backend
 
     @_rpc
-    def push_weights(self, version: int, timeout_s: float, digest: bool = False) -> learner_pb2.PushWeightsResponse:
+    def push_weights(self, version: int, timeout_s: float,
+                     digest: bool = False) -> learner_pb2.PushWeightsResponse:
         return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest),
                                       timeout=timeout_s)
 
     @_rpc
     def save_checkpoint(self, step: int) -> str:
-        return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step), timeout=self.timeout_s).path
+        return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step),
+                                         timeout=self.timeout_s).path
 
     @_rpc
     def checkpoints(self) -> dict[int, str]:

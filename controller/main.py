@@ -52,7 +52,8 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
                    alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
     cc = cfg.controller
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path))
-    prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key, cfg.data.max_prompt_length)
+    prompts, filtered = load_prompts(train_files(cfg), tokenizer, cfg.data.prompt_key,
+                                     cfg.data.max_prompt_length)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
     evaluator = PeriodicEval.from_config(cfg, tokenizer)
@@ -91,11 +92,13 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
             restore_source(source, resume.source)
             for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
                 truncate_jsonl(cfg.run.dir / name, resume.step)
-            log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=checkpoint,
+            log.info("resuming", step=resume.step, policy_version=resume.policy_version,
+                     checkpoint=checkpoint,
                      requeued=sum(len(d["members"]) for d in resume.requeue))
         if resume is not None and learner.status().policy_version != resume.policy_version:
             raise CheckpointError(f"the learner at {learner.address} holds policy version "
-                                  f"{learner.status().policy_version}, the checkpoint of step {resume.step} has "
+                                  f"{learner.status().policy_version}, the checkpoint of step "
+                                  f"{resume.step} has "
                                   f"{resume.policy_version}: start it with learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl

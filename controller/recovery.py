@@ -97,7 +97,8 @@ class Recovery:
     def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
                        pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
         loop = self.loop
-        left = [(seq, prompt) for seq, prompt in dispatch.members if any(s == seq for s, _ in pending.values())]
+        left = [(seq, prompt) for seq, prompt in dispatch.members
+                if any(s == seq for s, _ in pending.values())]
         with loop._cond:
             if left:
                 dispatch.members = left

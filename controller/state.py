@@ -68,9 +68,11 @@ def source_state(source: PromptSource) -> dict[str, Any]:
 
 def restore_source(source: PromptSource, state: dict[str, Any]) -> None:
     if state["size"] != len(source.prompts):
-        raise CheckpointError(f"the checkpoint was taken over {state['size']} prompts, {len(source.prompts)} are "
+        raise CheckpointError(f"the checkpoint was taken over {state['size']} prompts, "
+                              f"{len(source.prompts)} are "
                               "loaded now: resume with the same data files and data.max_prompt_length")
-    source.epoch, source.cursor, source.seed, source.shuffle = (state["epoch"], state["cursor"], state["seed"],
+    source.epoch, source.cursor, source.seed, source.shuffle = (state["epoch"], state["cursor"],
+                                                                state["seed"],
                                                                 state["shuffle"])
     source._order = list(state["order"])
 
@@ -94,7 +96,8 @@ def save_state(run_dir: Path, state: ControllerState) -> Path:
 def load_state(path: Path) -> ControllerState:
     try:
         data = json.loads(path.read_text())
-        return ControllerState(int(data["step"]), int(data["policy_version"]), int(data["seq"]), data["source"],
+        return ControllerState(int(data["step"]), int(data["policy_version"]), int(data["seq"]),
+                               data["source"],
                                list(data["requeue"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"controller state {path} is unreadable or corrupt: {exc}") from None
@@ -121,7 +124,8 @@ def resolve_resume(run_dir: Path, spec: str, learner_checkpoints: Mapping[int, s
     `learner_checkpoints`: the learner's complete checkpoints by step, as the learner reports them
     (LearnerClient.checkpoints): the controller never reads the learner's files."""
     if spec == "latest":
-        steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json")) if s is not None),
+        steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json"))
+                        if s is not None),
                        reverse=True)
         for step in steps:
             if step in learner_checkpoints:
@@ -138,7 +142,8 @@ def resolve_resume(run_dir: Path, spec: str, learner_checkpoints: Mapping[int, s
     if not state.is_file():
         raise CheckpointError(f"controller.resume={spec!r}: no controller state {state}")
     if step not in learner_checkpoints:
-        raise CheckpointError(f"controller.resume={spec!r}: the learner has no complete checkpoint of step {step}")
+        raise CheckpointError(f"controller.resume={spec!r}: the learner has no complete checkpoint of "
+                              f"step {step}")
     return state, learner_checkpoints[step]
 
 

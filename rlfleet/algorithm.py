@@ -50,9 +50,9 @@ class AlgorithmConfig(_Section):
     plugins: list[str] = Field(default_factory=list, description="modules imported (in every process) before "
                                "the names below are checked: they register more units, e.g. an advantage "
                                "estimator (docs/algorithms.md)")
-    advantage: str = Field("grpo", description="a registered advantage estimator (rlfleet/advantages/): grpo, "
-                           "dr_grpo and rloo run in the controller (they need groups), reinforce_pp and gae in "
-                           "the learner")
+    advantage: str = Field("grpo", description="a registered advantage estimator "
+                           "(rlfleet/advantages/): grpo, dr_grpo and rloo run in the controller (they need "
+                           "groups), reinforce_pp and gae in the learner")
     policy_loss: PolicyLossName = Field("ppo_clip", description="per-token policy loss")
     loss_agg: LossAggName = Field("token-mean", description="how per-token losses become one number")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio clipped below at 1 - clip_low")
@@ -69,7 +69,8 @@ class AlgorithmConfig(_Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount of token rewards (gae, reinforce_pp, "
                          "KL-in-reward)")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
-    critic_lr: float | None = Field(None, gt=0.0, lt=1.0, description="critic learning rate; null: learner.lr")
+    critic_lr: float | None = Field(None, gt=0.0, lt=1.0,
+                                    description="critic learning rate; null: learner.lr")
     value_clip: float | None = Field(0.5, gt=0.0, description="clip new values to old +- value_clip in the "
                                      "value loss; null disables")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per train batch (PPO mini-batches); "
@@ -100,7 +101,8 @@ class AlgorithmConfig(_Section):
             try:
                 importlib.import_module(module)
             except Exception as exc:  # noqa: BLE001 - any failure of a user's module is a config error
-                raise ValueError(f"algorithm.plugins: cannot import {module!r}: {type(exc).__name__}: {exc}") \
+                raise ValueError(f"algorithm.plugins: cannot import {module!r}: "
+                                 f"{type(exc).__name__}: {exc}") \
                     from None
         preset = PRESETS.get(data.get("name", "grpo"))
         if preset is None:

@@ -45,8 +45,9 @@ class RunConfig(Section):
                                                                     "level written to logs/ and stderr")
     threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
                                      "`rlfleet run` split the cores between services")
-    max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to this many "
-                              "times (exponential backoff from 1 s); 0 stops the run and names the service")
+    max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to "
+                              "this many times (exponential backoff from 1 s); 0 stops the run and names "
+                              "the service")
 
     @property
     def dir(self) -> Path:
@@ -68,7 +69,8 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="visit the prompts in a new seeded order every epoch")
     builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
     val_files: list[str] = Field(default_factory=list, description="Parquet files evaluated every "
-                                 "controller.eval_every steps; empty with the built-in task: 64 held-out prompts")
+                                 "controller.eval_every steps; empty with the built-in task: 64 "
+                                 "held-out prompts")
 
 
 class RolloutConfig(ServiceEndpointConfig):
@@ -93,8 +95,8 @@ class RolloutConfig(ServiceEndpointConfig):
     hf_decode: Literal["auto", "static", "generate"] = Field(
         "auto", description="transformers backend's decode loop: `static` is rlfleet's static-KV-cache loop "
         "(Llama/Qwen2/Qwen3/Mistral), `generate` transformers' generate(); auto: static where supported")
-    cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static loop's decode "
-                              "step as a CUDA graph")
+    cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static "
+                              "loop's decode step as a CUDA graph")
 
 
 class RewardConfig(ServiceEndpointConfig):
@@ -132,22 +134,24 @@ class LearnerConfig(ServiceEndpointConfig):
                                          "is aborted on both sides")
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
                                  "each rollout's weights; a mismatch stops the run")
-    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, `latest` "
-                                    "(the run's newest; an error if none) or `auto` (the newest if any, else fresh)")
+    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, "
+                                    "`latest` (the run's newest; an error if none) or `auto` (the newest if "
+                                    "any, else fresh)")
     world_size: int = Field(1, ge=1, le=1024, description="learner processes the policy is sharded across "
                             "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
                             "(docs/deployment/multi-gpu-learner.md)")
 
     logprob_chunk_tokens: int = Field(0, ge=0, description="compute log-probs/entropies through the lm_head "
-                                      "this many tokens at a time, recomputing each chunk's logits in backward, "
-                                      "so full-vocabulary logits never exist for the whole micro-batch; "
-                                      "0 materialises all logits (e.g. 4096 for a 150k vocabulary)")
+                                      "this many tokens at a time, recomputing each chunk's logits in "
+                                      "backward, so full-vocabulary logits never exist for the whole "
+                                      "micro-batch; 0 materialises all logits (e.g. 4096 for a 150k "
+                                      "vocabulary)")
     pack_sequences: bool = Field(False, description="pack several samples into one model row (position ids "
                                  "restart per sample, block-diagonal causal attention) instead of padding; "
                                  "micro_batch_tokens then counts real tokens")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
-                                         "(non-reentrant): less memory, ~1/3 more compute; pair with a larger "
-                                         "micro_batch_tokens")
+                                         "(non-reentrant): less memory, ~1/3 more compute; pair with "
+                                         "a larger micro_batch_tokens")
 
     @model_validator(mode="after")
     def _sharded_options(self) -> LearnerConfig:
@@ -161,7 +165,8 @@ class LearnerConfig(ServiceEndpointConfig):
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
-        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict) and k in data)
+        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict)
+                       and k in data)
         if moved:
             raise ValueError(f"learner.{moved[0]} moved to algorithm.{moved[0]} (see docs/algorithms.md)")
         return data
@@ -170,7 +175,8 @@ class LearnerConfig(ServiceEndpointConfig):
 class ControllerConfig(Section):
     host: str = Field("127.0.0.1", description="interface the controller's status service binds")
     port: int = Field(0, ge=0, le=65535, description="status service port; 0 picks a free one")
-    max_steps: int = Field(40, ge=1, description="training steps (optimizer steps of the policy version) to run")
+    max_steps: int = Field(40, ge=1, description="training steps (optimizer steps of the policy "
+                           "version) to run")
     prompts_per_step: int = Field(8, ge=1, description="groups per optimizer step")
     max_staleness: int = Field(1, ge=0, description="a group generated by version v may be trained at "
                                "step s only while s - v <= max_staleness; 0 is synchronous on-policy")
@@ -182,26 +188,39 @@ class ControllerConfig(Section):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one")
     eval_every: int = Field(0, ge=0, description="evaluate on data.val_files every N steps (and after the "
                             "last); logs val/<data_source>/accuracy; 0 never")
-    eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy (step 0)")
+    eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy "
+                                    "(step 0)")
     eval_n: int = Field(1, ge=1, le=1024, description="samples per validation prompt: 1 is greedy, more "
                         "sample at rollout.temperature and log pass@k")
-    resume: str | None = Field(None, description="continue a run: `latest` (its newest complete checkpoint) or "
-                               "a checkpoints/step_N folder; the learner, data cursor, groups in flight, step "
-                               "numbering and metrics.jsonl all continue from there")
-    service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed service to "
-                                  "come back (retrying) before it gives up")
+    resume: str | None = Field(None, description="continue a run: `latest` (its newest complete "
+                               "checkpoint) or a checkpoints/step_N folder; the learner, data cursor, groups "
+                               "in flight, step numbering and metrics.jsonl all continue from there")
+    service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed "
+                                  "service to come back (retrying) before it gives up")
 
 
 class JobConfig(Section):
-    run: RunConfig = Field(default_factory=RunConfig, description="the run's name, output folder, seed and logging")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model every service loads")
-    data: DataConfig = Field(default_factory=DataConfig, description="the training prompts (Parquet files, or the built-in task)")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="the rollout service: generation backend and sampling")
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="the reward service: reward function, reward model or weighted sources")
-    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the learner service: optimizer, checkpoints, weight sync")
-    controller: ControllerConfig = Field(default_factory=ControllerConfig, description="the GRPO loop: batch sizes, staleness, steps, fault tolerance")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="where metrics go besides metrics.jsonl: TensorBoard, Weights & Biases")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="the RL algorithm: preset and knobs (docs/algorithms.md)")
+    run: RunConfig = Field(default_factory=RunConfig,
+                           description="the run's name, output folder, seed and logging")
+    model: ModelConfig = Field(default_factory=ModelConfig,
+                               description="the policy model every service loads")
+    data: DataConfig = Field(default_factory=DataConfig,
+                             description="the training prompts (Parquet files, or the built-in task)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig,
+                                   description="the rollout service: generation backend and sampling")
+    reward: RewardConfig = Field(default_factory=RewardConfig,
+                                 description="the reward service: reward function, reward model or "
+                                             "weighted sources")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig,
+                                   description="the learner service: optimizer, checkpoints, weight sync")
+    controller: ControllerConfig = Field(default_factory=ControllerConfig,
+                                         description="the GRPO loop: batch sizes, staleness, steps, fault "
+                                                     "tolerance")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="where metrics go besides metrics.jsonl: TensorBoard, "
+                                                 "Weights & Biases")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig,
+                                       description="the RL algorithm: preset and knobs (docs/algorithms.md)")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="TLS, mutual TLS and a "
                                      "bearer token on every gRPC server and channel (docs/security.md)")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="largest requests services accept")
@@ -211,16 +230,18 @@ class JobConfig(Section):
         if self.rollout.n < 2:
             raise ValueError("rollout.n must be at least 2: GRPO compares samples within a group")
         if self.rollout.backend == "vllm" and self.learner.verify_weights:
-            raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused layers do not "
-                             "allow; watch rollout/logprob_diff_mean instead")
+            raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused "
+                             "layers do not allow; watch rollout/logprob_diff_mean instead")
         if self.learner.world_size > 1 and self.learner.lora.rank > 0:
             raise ValueError("learner.world_size > 1 does not support learner.lora yet")
-        n, per_request, lim = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request, self.limits
+        n, per_request = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request
+        lim = self.limits
         if per_request > lim.max_prompts_per_request or n > lim.max_samples_per_prompt \
                 or per_request * n > lim.max_sequences_per_request:
-            raise ValueError(f"controller.prompts_per_request ({per_request}) x rollout.n ({n}) exceeds limits."
-                             "max_prompts_per_request, max_samples_per_prompt or max_sequences_per_request: the "
-                             "rollout service would refuse the controller's requests")
+            raise ValueError(f"controller.prompts_per_request ({per_request}) x rollout.n ({n}) "
+                             "exceeds limits.max_prompts_per_request, max_samples_per_prompt or "
+                             "max_sequences_per_request: the rollout service would refuse the controller's "
+                             "requests")
         return self
 
     def to_yaml(self) -> str:
@@ -286,6 +307,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(loaded).__name__}")
+            raise ConfigError(f"config file {path} must hold a mapping of sections, not "
+                              f"{type(loaded).__name__}")
         data = {k: ({} if v is None else v) for k, v in (loaded or {}).items()}
     return validate_config(apply_overrides(data, list(overrides or [])))

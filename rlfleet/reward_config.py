@@ -45,8 +45,8 @@ class RewardSourceConfig(_Section):
     service: bool = Field(False, description="the reward service's own scorer (reward.model, else "
                           "reward.fn): the way to use them as one of several sources")
     fleet_security: bool = Field(True, description="an address source: connect with the `security` section's "
-                                 "TLS and bearer token; false: plain gRPC without the token, for a server outside "
-                                 "the fleet's trust (docs/security.md)")
+                                 "TLS and bearer token; false: plain gRPC without the token, for a server "
+                                 "outside the fleet's trust (docs/security.md)")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="the sample's reward is the weighted sum")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a function "
                                    "source, e.g. {max_length: 200} for length_penalty")

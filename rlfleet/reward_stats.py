@@ -48,7 +48,8 @@ class SourceStats:
         """The counters as `<name>/<counter>` entries of a Score reply's source_metrics."""
         with self._lock:
             out = {f"{name}/{key}": float(getattr(self, key)) for key in COUNTERS}
-            out.update({f"{name}/latency_sum_s": self._latency_sum, f"{name}/latency_max_s": self._latency_max,
+            out.update({f"{name}/latency_sum_s": self._latency_sum,
+                        f"{name}/latency_max_s": self._latency_max,
                         f"{name}/latency_calls": float(self._latency_calls)})
         return out
 

@@ -113,7 +113,8 @@ def broadcast(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[
     return outputs
 
 
-def reinforce_pp_advantages(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
+def reinforce_pp_advantages(batches: list[AdvantageInputs], gamma: float,
+                            lam: float) -> list[AdvantageOutputs]:
     returns = [discounted_returns(token_rewards(b.rewards_B, b.mask_B_T, b.kl_penalty_B_T), b.mask_B_T, gamma)
                for b in batches]
     whitened = whiten(returns, [b.mask_B_T for b in batches])

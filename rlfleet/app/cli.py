@@ -20,7 +20,8 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlfleet", description="Asynchronous GRPO across independent services")
+    parser = argparse.ArgumentParser(prog="rlfleet", description="Asynchronous GRPO across independent "
+                                     "services")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_args(sub.add_parser("run", help="start every service and train"))
     serve = sub.add_parser("serve", help="run one service")
@@ -83,12 +84,15 @@ def dispatch(args: argparse.Namespace) -> int:
         missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
                    and (r != "rollout" or not cfg.rollout.addresses)]
         if missing:
-            raise RlfleetError("rlfleet controller needs " + " ".join(f"{r}.address=HOST:PORT" for r in missing))
+            raise RlfleetError("rlfleet controller needs "
+                               + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
         from rlfleet.app.launch import format_progress
         from rlfleet.logging import setup_logging
-        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
-        addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
+        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log",
+                      run=cfg.run.name)
+        addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner")
+                     if getattr(cfg, r).address}
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
@@ -122,8 +126,8 @@ def _stacks_on_sigusr1() -> None:
     the first thing to look at when a process seems stuck."""
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    except (AttributeError, ValueError, OSError):  # stderr is not a file (main() called in-process, e.g. tests)
-        pass
+    except (AttributeError, ValueError, OSError):
+        pass  # stderr is not a file (main() called in-process, e.g. tests)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
 
 
 def _bounds(field: FieldInfo) -> str:
-    names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "length >=", "max_length": "length <="}
+    names = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "min_length": "length >=",
+             "max_length": "length <="}
     found = [f"{names[key]} {value}" for meta in field.metadata for key in names
              if (value := getattr(meta, key, None)) is not None]
     return f" ({', '.join(found)})" if found else ""

@@ -116,7 +116,8 @@ def reward_scorer(cfg):
     from services.reward.build import build_scorer
 
     # the job's TLS and token, for the channels to external reward servers
-    return build_scorer(cfg.reward, cfg.controller.connect_timeout_s, Security.from_config(cfg.security, cfg.limits))
+    return build_scorer(cfg.reward, cfg.controller.connect_timeout_s,
+                        Security.from_config(cfg.security, cfg.limits))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if too_long:
             print(
-                f"rlfleet: {too_long} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} "
+                f"rlfleet: {too_long} prompts longer than "
+                f"data.max_prompt_length={cfg.data.max_prompt_length} "
                 f"tokens left out"
             )
         start = time.perf_counter()

@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.add_argument("--timeout", type=float, default=3.0, help="deadline of one check, seconds")
     health.add_argument("--wait", type=float, default=0.0, metavar="S",
                         help="keep checking until SERVING, for at most S seconds (default: check once)")
-    health.add_argument("--quiet", "-q", action="store_true", help="print nothing; only the exit status tells")
+    health.add_argument("--quiet", "-q", action="store_true",
+                        help="print nothing; only the exit status tells")
     health.add_argument("--config", "-c", help="job YAML whose `security` section (TLS) to use; health needs "
                         "no token")
 

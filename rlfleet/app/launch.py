@@ -41,7 +41,8 @@ class Child:
             tail = f": {lines[-1].strip()}" if lines else ""
         except OSError:
             pass
-        return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
+        return (f"the {self.role} service (pid {self.proc.pid}) exited with code "
+                f"{self.proc.returncode}{tail} "
                 f"(full output: {self.stderr_path})")
 
 
@@ -166,10 +167,13 @@ class Launcher:
 
 def format_progress(m: dict[str, Any], max_steps: int) -> str:
     return (f"step {m['step']:>4}/{max_steps} | v{m['policy_version']:<4} | reward {m['reward/mean']:.3f} "
-            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy {m['actor/entropy']:.3f} "
-            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | {m['perf/tokens_per_s']:.0f} tok/s "
+            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy "
+            f"{m['actor/entropy']:.3f} "
+            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | "
+            f"{m['perf/tokens_per_s']:.0f} tok/s "
             f"| sync {m['timing/weight_sync_s'] * 1000:.0f} ms"
-            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far" if m.get("reward/excluded_total")
+            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far"
+               if m.get("reward/excluded_total")
                else ""))
 
 

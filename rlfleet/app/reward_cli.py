@@ -5,7 +5,8 @@ import argparse
 
 
 def add_reward_parser(sub: argparse._SubParsersAction) -> None:
-    reward = sub.add_parser("reward", help="reward servers: check one against the contract, or serve a function")
+    reward = sub.add_parser("reward", help="reward servers: check one against the contract, or serve a "
+                            "function")
     commands = reward.add_subparsers(dest="reward_command", required=True)
     check = commands.add_parser("check", help="exercise a reward server (health, batching, deadlines, "
                                 "malformed requests) and print a pass/fail table; exit 1 on any failure")

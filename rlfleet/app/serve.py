@@ -65,7 +65,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         import torch
 
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        learner = Learner(learner_runtime_config(cfg, device, gpus), resolve_model_path(cfg.model.path), device,
+        learner = Learner(learner_runtime_config(cfg, device, gpus),
+                          resolve_model_path(cfg.model.path), device,
                           resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens)
@@ -103,7 +104,8 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
             if cfg.run.threads_per_service:
                 torch.set_num_threads(cfg.run.threads_per_service)
             learner = build_sharded_learner(cfg, world)
-            structlog.get_logger(__name__).info("following rank 0", rank=world.rank, world_size=world.world_size)
+            structlog.get_logger(__name__).info("following rank 0", rank=world.rank,
+                                                world_size=world.world_size)
             follow(learner, world)
         else:
             security = Security.from_config(cfg.security, cfg.limits)

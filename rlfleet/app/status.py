@@ -116,7 +116,8 @@ def _query(row: dict[str, Any], security: Security | None) -> list[tuple[str, st
 
 
 def _restart_counts(folder: Path) -> dict[str, int]:
-    """How many times `rlfleet run` restarted each service (rlfleet/app/supervisor.py appends one line each)."""
+    """How many times `rlfleet run` restarted each service (rlfleet/app/supervisor.py appends one line
+    each)."""
     counts: dict[str, int] = {}
     try:
         lines = (folder / "restarts.jsonl").read_text().splitlines()
@@ -162,7 +163,8 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
     for row in list(rows):
         if row["address"] == "-":
             continue
-        for role, address in _query(row, security):  # services the controller uses that announced nowhere here
+        # services the controller uses that announced nowhere here
+        for role, address in _query(row, security):
             if (role, address) not in known:
                 known.add((role, address))
                 extra = _row(role, address, pid="external")

@@ -91,7 +91,8 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
                 continue
             extra = row.get("extra_info") or {}
             prompts.append(Prompt(index=len(prompts), text=text, prompt_ids=ids,
-                                  data_source=str(row["data_source"]), ground_truth=_ground_truth(row, path, i),
+                                  data_source=str(row["data_source"]),
+                                  ground_truth=_ground_truth(row, path, i),
                                   extra_info=extra if isinstance(extra, dict) else {}))
     if too_long:
         log.warning("prompts filtered for length", count=too_long, max_prompt_length=max_prompt_length)

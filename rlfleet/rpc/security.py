@@ -111,7 +111,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method or ""
         if method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
-        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k == AUTHORIZATION), None)
+        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k
+                     == AUTHORIZATION), None)
         if sent is not None and hmac.compare_digest(sent.encode() if isinstance(sent, str) else sent,
                                                     self._expected):
             return continuation(handler_call_details)

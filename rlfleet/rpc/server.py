@@ -35,8 +35,10 @@ class ServiceServer:
         """`security`: TLS, token and message limit (rlfleet.rpc.security); None: plain gRPC."""
         self.service_names = service_names
         self.security = security = security or Security()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=security.options,
-                                   interceptors=[*security.server_interceptors(), MalformedRequestInterceptor()])
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                   options=security.options,
+                                   interceptors=[*security.server_interceptors(),
+                                                 MalformedRequestInterceptor()])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

@@ -43,7 +43,8 @@ def stop_when_parent_exits(server: ServiceServer, parent_pid: int, poll_s: float
     def watch() -> None:
         while not server.stopped.wait(poll_s):
             if _process_gone(parent_pid):
-                log.warning("the rlfleet run that started this service is gone; stopping", parent_pid=parent_pid)
+                log.warning("the rlfleet run that started this service is gone; stopping",
+                            parent_pid=parent_pid)
                 server.stop()
                 return
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
@@ -56,7 +57,8 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name or role}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address, "metrics_port": metrics_port,
+    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address,
+                               "metrics_port": metrics_port,
                                "pid": os.getpid(), "started": time.time()}))
     os.replace(tmp, path)
     return path

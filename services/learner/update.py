@@ -107,8 +107,9 @@ class PolicyUpdate:
             p.ref_logprobs_B_T = self.reference.logprobs(mb, temperature, self.forward)
         if self.algo.kl_in_reward:
             p.kl_penalty_B_T = self.algo.kl_coef * self.kl_of(p.old_logprobs_B_T, p.ref_logprobs_B_T)
-            means.add_tokens({"actor/reward_kl_penalty": masked_token_mean(p.kl_penalty_B_T, mb.response_mask_B_T)},
-                             mb.num_tokens)
+            means.add_tokens(
+                {"actor/reward_kl_penalty": masked_token_mean(p.kl_penalty_B_T, mb.response_mask_B_T)},
+                mb.num_tokens)
         if self.critic is not None:
             p.values_B_T = self.critic.values(mb)
         return p
@@ -133,7 +134,8 @@ class PolicyUpdate:
         # The entropy is always a metric; it is differentiated only when it is in the loss.
         logprobs_B_T, entropy_B_T = policy_logprobs(self.model, mb, temperature, self.forward,
                                                     entropy_grad=self.algo.entropy_coef > 0)
-        correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
+        correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T,
+                                           mb.response_mask_B_T,
                                            self.algo.is_cap)
         out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
                                     self.weights_of(mb.response_mask_B_T, counts), correction, self.objective,
@@ -194,7 +196,8 @@ def build_policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         reference = AdapterDisabledReference(model) if is_lora(model) else FrozenCopyReference(model)
     critic = None
     if ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_values:
-        critic = Critic(model_path, device, dtype, lr=algo.critic_lr or learner_cfg.lr, betas=learner_cfg.betas,
+        critic = Critic(model_path, device, dtype, lr=algo.critic_lr or learner_cfg.lr,
+                        betas=learner_cfg.betas,
                         weight_decay=learner_cfg.weight_decay, grad_clip=learner_cfg.grad_clip,
                         value_clip=algo.value_clip)
     return PolicyUpdate(model, optimizer, algo, grad_clip=learner_cfg.grad_clip,

@@ -52,7 +52,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         engine = self._ready()
         validate.join_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        engine.join_weight_group(request.address, request.rank, request.world_size, request.backend, timeout_s,
+        engine.join_weight_group(request.address, request.rank, request.world_size, request.backend,
+                                 timeout_s,
                                  token=self.weight_token)
         return rollout_pb2.JoinWeightGroupResponse()
 
@@ -74,5 +75,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             role=self.role, ready=self.engine is not None,
             policy_version=self.engine.policy_version if self.engine else 0,
             in_flight=self.metrics.in_flight_now() - 1,  # not counting this call
-            last_error=self.last_error, stats={**self.metrics.load_stats(),
-                                                              "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)}, metrics_port=self.metrics_port))
+            last_error=self.last_error,
+            stats={**self.metrics.load_stats(),
+                   "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)},
+            metrics_port=self.metrics_port))

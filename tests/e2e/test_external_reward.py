@@ -26,7 +26,8 @@ pytestmark = pytest.mark.e2e
 NODE_EXAMPLE = REPO / "examples" / "reward-server-node"
 
 
-def start_server(cmd: list[str], cwd: Path, marker: str, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+def start_server(cmd: list[str], cwd: Path, marker: str,
+                 timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
     """Starts a server process that prints `<marker>HOST:PORT` once it serves."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
@@ -52,7 +53,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def sdk_digits_server() -> Iterator[str]:
-    proc, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits", "--port", "0"],
+    proc, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits",
+                                  "--port", "0"],
                                  REPO, "serving on ")
     yield address
     stop_server(proc)
@@ -105,7 +107,8 @@ def test_node_example_passes_the_conformance_check(node_example):
         assert check.returncode == 0, check.stdout + check.stderr
         assert "0 FAIL" in check.stdout and "health" in check.stdout
         digits = rlfleet("reward", "check", address, "--item",
-                         '{"data_source": "digits_reverse", "response": "4321", "ground_truth": "4321"}', timeout=120)
+                         '{"data_source": "digits_reverse", "response": "4321", "ground_truth": "4321"}',
+                         timeout=120)
         assert digits.returncode == 0, digits.stdout
     finally:
         stop_server(proc)
@@ -127,7 +130,8 @@ def test_short_run_rewarded_by_the_node_server(run_dir, node_example):
 
 @pytest.mark.slow
 def test_reward_server_dying_mid_run_stops_it_with_a_clear_error(run_dir):
-    server, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits", "--port",
+    server, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits",
+                                    "--port",
                                     "0"], REPO, "serving on ")
     metrics = run_dir / "dies" / "metrics.jsonl"
     run = subprocess.Popen(

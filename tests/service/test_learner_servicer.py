@@ -40,7 +40,8 @@ def train_request(step: int = 1, expected_version: int = -1, logprobs: list[floa
         learner_pb2.TrainSample(prompt_ids=[15, 16], response_ids=[20, 21, 22, 2],
                                 behaviour_logprobs=[-4.0] * 4, advantage=0.5, generation_version=0),
     ]
-    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0, expected_version=expected_version)
+    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0,
+                                    expected_version=expected_version)
 
 
 def test_learner_train_step(learner_server):
@@ -134,7 +135,8 @@ def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
                                        generation_version=c.policy_version)
                for g in groups for i, c in enumerate(g.completions)]
     learner = learner_pb2_grpc.LearnerStub(learner_server.channel)
-    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0, expected_version=0),
+    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0,
+                                                   expected_version=0),
                           timeout=TIMEOUT)
     assert reply.metrics["rollout/logprob_diff_mean"] < 1e-3
     assert reply.metrics["actor/pg_clipfrac"] == 0.0

@@ -191,7 +191,8 @@ def test_one_failing_source_fails_the_sample_and_names_the_source(faulty):
         assert "'good'" not in results[0].error
         assert tally.excluded == 2
         m = tally.step_metrics([])
-        assert m["reward/bad/errors"] == 2 and m["reward/good/errors"] == 0 and m["reward/excluded_total"] == 2
+        assert m["reward/bad/errors"] == 2 and m["reward/good/errors"] == 0
+        assert m["reward/excluded_total"] == 2
         # Three more failures make five in a row: the run is stopped with the last error.
         with pytest.raises(RewardError, match="5 samples in a row got no reward.*INTERNAL"):
             tally.add(sources.score(items(3)))
@@ -200,7 +201,8 @@ def test_one_failing_source_fails_the_sample_and_names_the_source(faulty):
 
 
 def test_function_source_timeout_and_bad_data_source():
-    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy", timeout_s=0.2,
+    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy",
+                                             timeout_s=0.2,
                                              params={"seconds": 1.0}))
     auto = FunctionSource(RewardSourceConfig(name="auto", function="auto"))
     try:
@@ -233,7 +235,8 @@ def test_the_reward_service_builds_its_sources_from_config(faulty):
                                          "reward.sources=[{name: own, service: true, weight: 0.5}]"])
         own = build_scorer(service_cfg.reward)
         try:
-            [result] = own.score([ScoreItem(id="a", data_source="x", prompt="", response="1", ground_truth="1")])
+            [result] = own.score([ScoreItem(id="a", data_source="x", prompt="", response="1",
+                                            ground_truth="1")])
             assert result.ok and result.score == pytest.approx(0.5) and result.components == {"own": 1.0}
         finally:
             own.close()
@@ -244,7 +247,8 @@ def test_the_reward_service_builds_its_sources_from_config(faulty):
 def test_nan_from_a_function_source_is_reported():
     source = FunctionSource(RewardSourceConfig(name="fx", function="tests.reward_fixtures:score"))
     try:
-        result = source.score([ScoreItem(id="a", data_source="x", prompt="", response="1", ground_truth="nan")])[0]
+        result = source.score([ScoreItem(id="a", data_source="x", prompt="", response="1",
+                                         ground_truth="nan")])[0]
         assert not result.ok and "'fx'" in result.error and "nan" in result.error.lower()
     finally:
         source.close()

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.unit
 def test_default_is_plain_grpo() -> None:
     cfg = load_config().algorithm
     assert cfg == AlgorithmConfig(name="grpo")
-    assert (cfg.advantage, cfg.policy_loss, cfg.loss_agg, cfg.off_policy) == ("grpo", "ppo_clip", "token-mean", "none")
+    assert (cfg.advantage, cfg.policy_loss, cfg.loss_agg,
+            cfg.off_policy) == ("grpo", "ppo_clip", "token-mean", "none")
     assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.dynamic_sampling) == (0.2, 0.2, 0.0, False)
 
 

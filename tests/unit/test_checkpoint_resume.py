@@ -102,7 +102,8 @@ def test_half_written_checkpoints_are_never_picked_and_corrupt_ones_are_named(ti
 
 
 def prompts(n: int) -> list[Prompt]:
-    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="") for i in range(n)]
+    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="")
+            for i in range(n)]
 
 
 def test_prompt_source_state_round_trips(tmp_path: Path) -> None:

@@ -22,11 +22,14 @@ PROMPT = Prompt(index=0, text="Reverse the digits: 123", prompt_ids=[7, 8], data
                 ground_truth="321")
 
 
-def group(scores: list[float], lengths: list[int] | None = None, version: int = 0, seq: int = 0) -> ScoredGroup:
+def group(scores: list[float], lengths: list[int] | None = None, version: int = 0,
+          seq: int = 0) -> ScoredGroup:
     lengths = lengths or [3] * len(scores)
-    completions = [Completion(token_ids=[5] * n, logprobs=[-0.5] * n, finish_reason="stop", policy_version=version)
+    completions = [Completion(token_ids=[5] * n, logprobs=[-0.5] * n, finish_reason="stop",
+                              policy_version=version)
                    for n in lengths]
-    return ScoredGroup(seq, PROMPT, completions, [ScoreResult(id=f"r/{i}", score=s) for i, s in enumerate(scores)])
+    return ScoredGroup(seq, PROMPT, completions,
+                       [ScoreResult(id=f"r/{i}", score=s) for i, s in enumerate(scores)])
 
 
 # --------------------------------------------------------------------------- group estimators
@@ -87,7 +90,8 @@ def test_overlong_penalty_disabled_by_a_zero_buffer() -> None:
 def test_builder_shapes_rewards_then_computes_advantages() -> None:
     # L = 8, ratio 0.25 -> c = 2, penalty factor 0.5. Scores [1, 1], lengths [5, 8]:
     # shaped [1, 1 - 0.5] = [1, 0.5]; dr_grpo: mean 0.75 -> advantages [0.25, -0.25]
-    builder = SampleBuilder(AlgorithmConfig(advantage="dr_grpo", overlong_buffer_ratio=0.25, overlong_penalty=0.5),
+    builder = SampleBuilder(AlgorithmConfig(advantage="dr_grpo", overlong_buffer_ratio=0.25,
+                                            overlong_penalty=0.5),
                             max_new_tokens=8)
     samples, metrics = builder.build([group([1.0, 1.0], lengths=[5, 8])])
     assert [s.reward for s in samples] == pytest.approx([1.0, 0.5])
@@ -105,7 +109,8 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance() -> None:
     assert not builder.keep(group([0.0, 0.0]))
     assert builder.keep(group([1.0, 0.0, 1.0]))
     # Shaping counts: equal scores but different lengths inside the overlong zone differ after shaping.
-    shaped = SampleBuilder(AlgorithmConfig(dynamic_sampling=True, overlong_buffer_ratio=0.25), max_new_tokens=8)
+    shaped = SampleBuilder(AlgorithmConfig(dynamic_sampling=True, overlong_buffer_ratio=0.25),
+                           max_new_tokens=8)
     assert shaped.keep(group([1.0, 1.0], lengths=[5, 8]))
     assert SampleBuilder(AlgorithmConfig(), 8).keep(group([1.0, 1.0]))  # off: everything is kept
 

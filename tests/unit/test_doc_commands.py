@@ -60,7 +60,8 @@ def _variants(text: str) -> list[list[str]]:
     text = text.replace("\\|", "|")  # a pipe escaped in a markdown table
     while re.search(r"\[[^\[\]]*\]", text):
         text = re.sub(r"\s?\[(?:--|key=|[A-Z]|\.\.\.|…)[^\[\]]*\]", "", text, count=1) if re.search(
-            r"\s?\[(?:--|key=|[A-Z]|\.\.\.|…)[^\[\]]*\]", text) else text.replace("[", "\0").replace("]", "\1")
+            r"\s?\[(?:--|key=|[A-Z]|\.\.\.|…)[^\[\]]*\]",
+            text) else text.replace("[", "\0").replace("]", "\1")
     text = text.replace("\0", "[").replace("\1", "]")
     words: list[str] = []
     for word in shlex.split(text, posix=True):
@@ -126,4 +127,5 @@ def test_a_documented_command_is_accepted(where, text, inline, monkeypatch):
             pytest.fail(f"{where}: `rlfleet {' '.join(argv)}` is rejected by the rlfleet command: {exc}")
         for item in args.overrides:
             key = item.split("=", 1)[0]
-            assert _key_exists(key), f"{where}: `rlfleet {' '.join(argv)}` overrides {key!r}, not a config key"
+            assert _key_exists(key), \
+                f"{where}: `rlfleet {' '.join(argv)}` overrides {key!r}, not a config key"

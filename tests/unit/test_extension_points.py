@@ -42,7 +42,8 @@ def test_an_estimator_added_in_its_own_module_is_configured_and_used(tmp_path, m
     # The controller runs its group stage: [1, 0] -> mean 0.5 -> [2 * 0.5, 2 * -0.5].
     assert SampleBuilder(cfg.algorithm, max_new_tokens=8).estimator([1.0, 0.0]) == [1.0, -1.0]
 
-    token = load_config(overrides=["algorithm.plugins=[my_estimators]", "algorithm.advantage=test_last_token"])
+    token = load_config(overrides=["algorithm.plugins=[my_estimators]",
+                                   "algorithm.advantage=test_last_token"])
     estimator = ADVANTAGE_ESTIMATORS.get(token.algorithm.advantage)
     assert SampleBuilder(token.algorithm, max_new_tokens=8).estimator([1.0, 0.0]) == [0.0, 0.0]  # learner's
     # The learner runs its token stage: reward 0.5 lands on the last response token (position 2).

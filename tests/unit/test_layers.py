@@ -23,7 +23,8 @@ TORCH_FREE = (
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_the_reward_side_does_not_import_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False", f"importing {module} imports torch"
 
@@ -38,7 +39,8 @@ def test_the_import_contract_places_every_core_module():
     [contract] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     app, roles, core = contract["layers"]
     assert app == "rlfleet.app"
-    assert set(roles.split(" | ")) == {"controller", "services.rollout", "services.reward", "services.learner"}
+    assert set(roles.split(" | ")) == {"controller", "services.rollout", "services.reward",
+                                       "services.learner"}
     listed = {name.strip() for name in core.split(":")}
     present = {f"rlfleet.{p.stem}" for p in (root / "rlfleet").iterdir()
                if p.name != "app" and not p.name.startswith(("_", ".")) and (p.suffix == ".py" or p.is_dir())}

@@ -27,7 +27,8 @@ KL_B_T = torch.full((2, 5), 0.1)  # kl_coef * kl on every position (masked ones 
 
 
 def _close(actual, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), torch.tensor(expected, dtype=torch.float32), atol=atol,
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
+                               torch.tensor(expected, dtype=torch.float32), atol=atol,
                                rtol=0)
 
 
@@ -96,7 +97,8 @@ def test_reinforce_pp_whitens_returns_over_the_batch() -> None:
 
 
 def test_reinforce_pp_equal_rewards_give_zero() -> None:
-    (out,) = ADVANTAGE_ESTIMATORS.get("reinforce_pp").token(_inputs(rewards_B=torch.tensor([1.0, 1.0])), 1.0, 1.0)
+    (out,) = ADVANTAGE_ESTIMATORS.get("reinforce_pp").token(_inputs(rewards_B=torch.tensor([1.0, 1.0])),
+                                                            1.0, 1.0)
     assert torch.equal(out.advantages_B_T, torch.zeros(2, 5))
 
 

@@ -87,7 +87,8 @@ def test_scorer_takes_callables_and_refuses_empty_or_duplicate_ids():
 
 def test_reward_sources_config():
     cfg = load_config(None, [("reward.sources=[{name: ext, address: '127.0.0.1:5'}, "
-                              "{name: len, function: length_penalty, params: {max_length: 9}, weight: -0.5}]")])
+                              "{name: len, function: length_penalty, params: {max_length: 9}, "
+                              "weight: -0.5}]")])
     assert [s.name for s in cfg.reward.sources] == ["ext", "len"]
     assert cfg.reward.sources[1].params == {"max_length": 9} and cfg.reward.sources[1].weight == -0.5
     for bad, needle in [
@@ -106,7 +107,8 @@ def test_reward_sources_config():
 def test_reward_model_config():
     cfg = load_config(None, ["reward.model.path=/models/rm", "reward.model.device=cuda:2",
                              "reward.model.batch_size=4"])
-    assert (cfg.reward.model.path, cfg.reward.model.device, cfg.reward.model.batch_size) == ("/models/rm", "cuda:2", 4)
+    assert (cfg.reward.model.path, cfg.reward.model.device,
+            cfg.reward.model.batch_size) == ("/models/rm", "cuda:2", 4)
     with pytest.raises(ConfigError, match="reward.model.batch_size"):
         load_config(None, ["reward.model.batch_size=0"])
 

@@ -54,7 +54,8 @@ class RewardSources:
             per_source = [self.sources[0].score(items, calls[0])]
         else:
             per_source = list(self._pool.map(lambda s, c: s.score(items, c), self.sources, calls))
-        combined = [self._combine(item, [results[k] for results in per_source]) for k, item in enumerate(items)]
+        combined = [self._combine(item, [results[k] for results in per_source])
+                    for k, item in enumerate(items)]
         failures = sum(not r.ok for r in combined)
         if failures:
             log.warning("samples without a reward", count=failures, of=len(combined),

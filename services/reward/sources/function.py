@@ -40,7 +40,8 @@ class FunctionSource:
         stats = stats or SourceStats(parent=self.stats)
         stats.add(items=len(items))
         size = self.cfg.batch_size
-        futures = [self._pool.submit(self._timed, items[i:i + size], stats) for i in range(0, len(items), size)]
+        futures = [self._pool.submit(self._timed, items[i:i + size], stats)
+                   for i in range(0, len(items), size)]
         results: list[ScoreResult] = []
         for start, future in zip(range(0, len(items), size), futures):
             chunk = items[start:start + size]

@@ -47,7 +47,8 @@ def check_reply(items: list[ScoreItem], results: list[ScoreResult]) -> str | Non
         return f"returned {len(results)} results for {len(items)} items"
     for position, (item, result) in enumerate(zip(items, results)):
         if result.id != item.id:
-            return f"result {position} has id {result.id!r}, expected {item.id!r} (results must keep item order)"
+            return (f"result {position} has id {result.id!r}, expected {item.id!r} "
+                    "(results must keep item order)")
     return None
 
 
@@ -73,7 +74,8 @@ def wait_ready(channel: grpc.Channel, label: str, timeout_s: float, alive: Calla
 
 class RemoteSource:
     def __init__(self, cfg: RewardSourceConfig, address: str, connect_timeout_s: float = 60.0,
-                 alive: Callable[[], bool] = lambda: True, wait: bool = True, security: Security | None = None):
+                 alive: Callable[[], bool] = lambda: True, wait: bool = True,
+                 security: Security | None = None):
         """`security`: the fleet's TLS and bearer token, used when the source has fleet_security
         (None: plain gRPC)."""
         self.cfg, self.name, self.weight, self.address = cfg, cfg.name, cfg.weight, address
@@ -117,7 +119,8 @@ class RemoteSource:
             started = time.monotonic()
             try:
                 # A probe may wait for the channel to reconnect, within its deadline.
-                reply = self._stub.Score(request, timeout=self.cfg.timeout_s, wait_for_ready=state == HALF_OPEN)
+                reply = self._stub.Score(request, timeout=self.cfg.timeout_s,
+                                         wait_for_ready=state == HALF_OPEN)
             except grpc.RpcError as err:
                 stats.call(time.monotonic() - started)
                 self.breaker.record_failure()
@@ -126,7 +129,8 @@ class RemoteSource:
                     stats.add(retries=1)
                     time.sleep(self._backoff(attempt))
                     continue
-                detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code
+                          == grpc.StatusCode.DEADLINE_EXCEEDED
                           else err.details())
                 log.warning("reward call failed", source=self.name, address=self.address, code=code.name,
                             error=detail, attempts=attempt + 1)
@@ -140,13 +144,15 @@ class RemoteSource:
         problem = check_reply(items, results)
         if problem is not None:
             self.breaker.record_failure()
-            log.error("reward server broke the contract", source=self.name, address=self.address, error=problem)
+            log.error("reward server broke the contract", source=self.name, address=self.address,
+                      error=problem)
             return failed(items, f"{self.label} broke the reward contract: {problem}")
         self.breaker.record_success()
         out = []
         for r in results:
             if r.ok and not math.isfinite(r.score):
-                log.error("reward server returned a non-finite score", source=self.name, item=r.id, score=r.score)
+                log.error("reward server returned a non-finite score", source=self.name, item=r.id,
+                          score=r.score)
                 out.append(ScoreResult(r.id, 0.0, ok=False, error=f"{self.label} broke the reward contract: "
                                        f"score {r.score} for an ok result"))
             elif not r.ok:
