@@ -28,8 +28,7 @@ from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
 from controller.journal import Journal
 from controller.outputs import RunWriter
-from controller.recovery import Recovery
-from controller.rewards import reward_metrics
+from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
@@ -37,10 +36,6 @@ from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
-
-
-class Stopped(RlfleetError):
-    """The loop was asked to stop."""
 
 
 class GRPOLoop:
@@ -66,7 +61,8 @@ class GRPOLoop:
         self.params = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
-        self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s, cfg.learner.verify_weights)
+        self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
+                               cfg.learner.verify_weights)
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
         self._admitted = 0  # groups admitted that will still be consumed (dropped ones are given back)
@@ -107,7 +103,8 @@ class GRPOLoop:
             dispatches: dict[int, Dispatch] = {}
             for seq in sorted(self._live):
                 dispatches.setdefault(id(self._live[seq]), self._live[seq])
-            requeue = [{"seed": d.seed, "members": [[seq, p.index] for seq, p in d.members if seq in self._live]}
+            requeue = [{"seed": d.seed, "members": [[seq, p.index] for seq, p in d.members
+                                                    if seq in self._live]}
                        for d in dispatches.values()]
             return ControllerState(step, version, self._seq, source_state(self.source), requeue)
 
@@ -139,7 +136,8 @@ class GRPOLoop:
                 requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
                 for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index, version=self._rollout_version,
+                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
+                               version=self._rollout_version,
                                replica=rollout.address)
                 started = time.perf_counter()
                 pending = dict(prompts)
@@ -147,10 +145,12 @@ class GRPOLoop:
                     for group in rollout.generate(requests, params):
                         gen_s = time.perf_counter() - started
                         seq, prompt = pending.pop(group.request_id)
-                        self._note("generated", seq=seq, version=min(c.policy_version for c in group.completions),
+                        self._note("generated", seq=seq,
+                                   version=min(c.policy_version for c in group.completions),
                                    replica=rollout.address)
                         t0 = time.perf_counter()
-                        results = self.recovery.score(score_items(prompt, group.completions, group.request_id))
+                        results = self.recovery.score(
+                            score_items(prompt, group.completions, group.request_id))
                         scored = ScoredGroup(seq, prompt, group.completions, results, gen_s,
                                              time.perf_counter() - t0, replica=rollout.address)
                         self._note("scored", seq=seq, failed=scored.failed)
@@ -204,9 +204,9 @@ class GRPOLoop:
                     filtered += 1
                     self._drop(group, "filtered", train_version)
                     if filter_limit is not None and filtered > filter_limit:
-                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal rewards in one "
-                                           "step; the task is solved or unsolvable for this policy "
-                                           "(raise algorithm.max_gen_batches, 0 never gives up)")
+                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal "
+                                           "rewards in one step; the task is solved or unsolvable for "
+                                           "this policy (raise algorithm.max_gen_batches, 0 never gives up)")
                 else:
                     batch.append(group)
                     continue
@@ -216,7 +216,8 @@ class GRPOLoop:
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int) -> None:
         self._live.pop(group.seq, None)
-        self._note("dropped", seq=group.seq, reason=reason, version=group.version, train_version=train_version)
+        self._note("dropped", seq=group.seq, reason=reason, version=group.version,
+                   train_version=train_version)
 
     def _checkpoint(self, step: int, version: int) -> None:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
@@ -228,10 +229,12 @@ class GRPOLoop:
         self.sync.open()
         # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
         self.sync.sync(self._start_version)
-        if self.evaluator is not None and self.evaluator.before_train and not self._start_step:  # initial policy
+        # initial policy
+        if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
                 0, 0, self.rollout.generate, self.reward.score)})
-        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}", daemon=True)
+        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
+                                        daemon=True)
                        for i, r in enumerate(self.rollouts)]
         for thread in gen_threads:
             thread.start()
@@ -262,9 +265,10 @@ class GRPOLoop:
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
                 metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
-                metrics.update(reward_metrics(self.reward, groups))  # reward/<source>/… under reward.sources
+                metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
-                    metrics.update(self.evaluator.maybe_run(step, result.policy_version, self.rollout.generate,
+                    metrics.update(self.evaluator.maybe_run(step, result.policy_version,
+                                                            self.rollout.generate,
                                                             self.reward.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
@@ -294,6 +298,7 @@ class GRPOLoop:
                                 "response": c.text, "reward": r.score if r.ok else None,
                                 "reward_error": r.error or None, "version": c.policy_version,
                                 "trained_version": train_version, "replica": g.replica,
-                                "last_version": max(c.last_policy_version, c.policy_version), "finish_reason": c.finish_reason,
+                                "last_version": max(c.last_policy_version, c.policy_version),
+                                "finish_reason": c.finish_reason,
                                 "ground_truth": g.prompt.ground_truth})
         return records if limit is None else records[:limit]

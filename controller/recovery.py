@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
@@ -26,17 +27,36 @@ from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.types import ScoreItem, ScoreResult, TrainBatch
 
 if TYPE_CHECKING:
-    from controller.clients import RolloutClient
-    from controller.loop import GRPOLoop
+    from controller.clients import LearnerClient, RewardClient, RolloutClient
     from controller.state import Dispatch
+    from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _RETRYABLE = (ServiceUnavailable, WeightSyncError)
 
 
+class Stopped(RlfleetError):
+    """The loop was asked to stop."""
+
+
+class RecoveringLoop(Protocol):
+    """What Recovery reads and changes of the loop it repairs (controller.loop.GRPOLoop): declared here
+    so that recovery does not import the loop that imports it."""
+
+    reward: RewardClient
+    learner: LearnerClient
+    sync: WeightSync
+    stop: threading.Event
+    _cond: threading.Condition
+    _requeue: deque[Dispatch]
+    _rollout_version: int
+
+    def _note(self, event: str, **fields: Any) -> None: ...
+
+
 class Recovery:
-    def __init__(self, loop: GRPOLoop, wait_s: float):
+    def __init__(self, loop: RecoveringLoop, wait_s: float):
         self.loop = loop
         self.wait_s = wait_s
         self._resync = threading.Event()  # a replica came back and needs the group and the weights
@@ -54,7 +74,6 @@ class Recovery:
 
     def _sleep(self, delay: float) -> float:
         if self.loop.stop.wait(delay):
-            from controller.loop import Stopped
             raise Stopped("stopping")
         return min(delay * 2, 5.0)
 
@@ -78,7 +97,8 @@ class Recovery:
     def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
                        pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
         loop = self.loop
-        left = [(seq, prompt) for seq, prompt in dispatch.members if any(s == seq for s, _ in pending.values())]
+        left = [(seq, prompt) for seq, prompt in dispatch.members
+                if any(s == seq for s, _ in pending.values())]
         with loop._cond:
             if left:
                 dispatch.members = left

@@ -25,12 +25,13 @@ class SecurityConfig(BaseModel):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) this process presents, as server "
                                  "and, with mutual TLS, as client; enables TLS on every server and channel")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert")
-    tls_ca: str | None = Field(None, description="PEM CA bundle that verifies peers (servers, and clients when "
-                               "require_client_cert); null: the system's roots")
+    tls_ca: str | None = Field(None, description="PEM CA bundle that verifies peers (servers, and "
+                               "clients when require_client_cert); null: the system's roots")
     require_client_cert: bool = Field(False, description="mutual TLS: servers refuse clients without a "
                                       "certificate signed by tls_ca")
-    server_name: str | None = Field(None, description="name checked against the server certificate instead of "
-                                    "the host of the address (when the certificate names a DNS name)")
+    server_name: str | None = Field(None, description="name checked against the server certificate "
+                                    "instead of the host of the address (when the certificate names a "
+                                    "DNS name)")
     token: str | None = Field(None, min_length=16, description="bearer token every RPC must carry "
                               "(authorization: Bearer ...); prefer token_file")
     token_file: str | None = Field(None, description="file holding the bearer token (first line)")

@@ -63,6 +63,16 @@ class ScoreResult:
     components: dict[str, float] = field(default_factory=dict)  # per reward source, before weighting
 
 
+class ScoredBatch(list):
+    """The ScoreResults of one Score call, in item order, with what scoring them cost per reward source
+    (`<source>/calls`, `<source>/errors`, …: rlfleet.reward_stats), which the reward service's combined
+    `reward.sources` report and any other scorer leaves empty."""
+
+    def __init__(self, results=(), source_metrics: dict[str, float] | None = None):
+        super().__init__(results)
+        self.source_metrics = dict(source_metrics or {})
+
+
 @dataclass(frozen=True)
 class TrainSample:
     prompt_ids: list[int]

@@ -92,7 +92,8 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
                 continue
             extra = row.get("extra_info") or {}
             prompts.append(Prompt(index=offset + i, text=text, prompt_ids=ids,
-                                  data_source=str(row["data_source"]), ground_truth=_ground_truth(row, path, i),
+                                  data_source=str(row["data_source"]),
+                                  ground_truth=_ground_truth(row, path, i),
                                   extra_info=extra if isinstance(extra, dict) else {}))
         offset += len(rows)
     if too_long:

@@ -1,10 +1,9 @@
 """TLS credentials and the bearer-token check for every rlfleet server and channel.
 
 Each entry point (a service process, the controller, `rlfleet status`, `rlfleet
-health`) calls `use(cfg.security, cfg.limits)` once after loading its config;
-`ServiceServer` and `open_channel` then take their credentials, token and
-message limit from here unless given their own. With nothing configured they
-are plain gRPC, as before.
+health`) builds one `Security.from_config(cfg.security, cfg.limits)` after loading
+its config and passes it to every `ServiceServer` and `open_channel` it makes:
+there is no process-wide setting. Without one they are plain gRPC.
 
 Server side, `TokenInterceptor` refuses every RPC without `authorization: Bearer
 <token>` with UNAUTHENTICATED, except `grpc.health.v1.Health` (load balancers and
@@ -14,7 +13,6 @@ side, `TokenClientInterceptor` adds the header to every call.
 from __future__ import annotations
 
 import hmac
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,29 +88,6 @@ def _read(path: str | None, key: str) -> bytes | None:
         raise ConfigError(f"security.{key} {path}: cannot read: {exc}") from None
 
 
-_lock = threading.Lock()
-_current = Security()
-_limits = LimitsConfig()
-
-
-def use(cfg: SecurityConfig | None, limits: LimitsConfig | None = None) -> Security:
-    """Makes `cfg` this process's security (and `limits` its request limits) for servers, servicers and
-    channels that are not given their own."""
-    global _current, _limits
-    security = Security.from_config(cfg, limits)
-    with _lock:
-        _current, _limits = security, limits or LimitsConfig()
-    return security
-
-
-def current() -> Security:
-    return _current
-
-
-def current_limits() -> LimitsConfig:
-    return _limits
-
-
 def token_digest(token: str, message: str) -> str:
     """HMAC-SHA256 of `message` under `token` (hex), e.g. for the weight-group rendezvous."""
     return hmac.new(token.encode(), message.encode(), "sha256").hexdigest()
@@ -136,7 +111,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method or ""
         if method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
-        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k == AUTHORIZATION), None)
+        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k
+                     == AUTHORIZATION), None)
         if sent is not None and hmac.compare_digest(sent.encode() if isinstance(sent, str) else sent,
                                                     self._expected):
             return continuation(handler_call_details)
@@ -187,8 +163,8 @@ class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
 
 def secure_channel(address: str, security: Security | None = None,
                    extra_options: list[tuple[str, object]] | None = None) -> grpc.Channel:
-    """A channel with this process's (or `security`'s) TLS, token and message limit; no other interceptor."""
-    security = security or current()
+    """A channel with `security`'s TLS, token and message limit (None: plain gRPC); no other interceptor."""
+    security = security or Security()
     options = [*security.options, *(extra_options or [])]
     creds = security.channel_credentials()
     channel = grpc.secure_channel(address, creds, options=options) if creds else \

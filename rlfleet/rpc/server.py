@@ -19,7 +19,6 @@ from grpc_reflection.v1alpha import reflection
 from rlfleet.errors import ConfigError
 from rlfleet.rpc.malformed import MalformedRequestInterceptor
 from rlfleet.rpc.security import Security
-from rlfleet.rpc.security import current as current_security
 
 log = structlog.get_logger(__name__)
 
@@ -33,11 +32,13 @@ GRPC_OPTIONS = [
 class ServiceServer:
     def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16,
                  security: Security | None = None):
-        """`security`: TLS, token and message limit (rlfleet.rpc.security); default: the process's."""
+        """`security`: TLS, token and message limit (rlfleet.rpc.security); None: plain gRPC."""
         self.service_names = service_names
-        self.security = security = security or current_security()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=security.options,
-                                   interceptors=[*security.server_interceptors(), MalformedRequestInterceptor()])
+        self.security = security = security or Security()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                   options=security.options,
+                                   interceptors=[*security.server_interceptors(),
+                                                 MalformedRequestInterceptor()])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(

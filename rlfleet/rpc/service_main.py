@@ -19,6 +19,7 @@ import torch
 from rlfleet.config import JobConfig, ServiceEndpointConfig
 from rlfleet.logging import set_log_fields, setup_logging
 from rlfleet.metrics import ServiceMetrics
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.server import ServiceServer
 
 log = structlog.get_logger(__name__)
@@ -42,7 +43,8 @@ def stop_when_parent_exits(server: ServiceServer, parent_pid: int, poll_s: float
     def watch() -> None:
         while not server.stopped.wait(poll_s):
             if _process_gone(parent_pid):
-                log.warning("the rlfleet run that started this service is gone; stopping", parent_pid=parent_pid)
+                log.warning("the rlfleet run that started this service is gone; stopping",
+                            parent_pid=parent_pid)
                 server.stop()
                 return
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
@@ -55,15 +57,18 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name or role}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address, "metrics_port": metrics_port,
+    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address,
+                               "metrics_port": metrics_port,
                                "pid": os.getpid(), "started": time.time()}))
     os.replace(tmp, path)
     return path
 
 
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
-                add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None) -> None:
-    """`servicer` must have `attach(core)`; `load()` builds the core and attaches it."""
+                add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None,
+                security: Security | None = None) -> None:
+    """`servicer` must have `attach(core)`; `load()` builds the core and attaches it. `security`: the
+    server's TLS and token (default: built from cfg.security and cfg.limits)."""
     name = name or role
     setup_logging(name, cfg.run.log_level, cfg.run.dir / "logs" / f"{name}.log", run=cfg.run.name)
     if cfg.run.threads_per_service:
@@ -72,7 +77,8 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
     if role != "reward":  # every line says which policy version the service holds when it is logged
         set_log_fields(policy_version=metrics.policy_version_now)
     metrics_port = metrics.serve(endpoint.host, endpoint.metrics_port)
-    server = ServiceServer(service_names, endpoint.host, endpoint.port)
+    security = security or Security.from_config(cfg.security, cfg.limits)
+    server = ServiceServer(service_names, endpoint.host, endpoint.port, security=security)
     server.add(add_fn, servicer)
     server.install_signal_handlers()
     server.start()

@@ -175,7 +175,8 @@ class WeightGroup:
         try:
             verdict = store.get("auth/verdict").decode()
         except Exception as e:
-            self._broken = f"weight group generation {generation}: no admission verdict from the learner ({e})"
+            self._broken = (f"weight group generation {generation}: no admission verdict from the learner "
+                            f"({e})")
             raise WeightSyncError(self._broken) from e
         if verdict != "ok":
             self._broken = (f"weight group generation {generation}: the learner refused rank(s) "
@@ -189,7 +190,8 @@ class WeightGroup:
             # host (or a network namespace) may not reach: bind the interface that routes to the store.
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
+            opts._devices = [
+                dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
             return dist.ProcessGroupGloo(store, self.rank, self.world_size, opts)
         opts = dist.ProcessGroupNCCL.Options()
         # NCCL's watchdog kills the process when a collective outlives its timeout,
@@ -205,7 +207,8 @@ class WeightGroup:
         """Issues a broadcast without waiting, so several can be in flight (finish() each, in order)."""
         if self._pg is None:
             if self._broken is not None:
-                raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new generation")
+                raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new "
+                                      "generation")
             self.connect()
         assert self._pg is not None
         opts = dist.BroadcastOptions()
@@ -249,7 +252,8 @@ class WeightGroup:
         while not work.is_completed():
             now = time.monotonic()
             if now > deadline:
-                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank {self.rank}")
+                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank "
+                                      f"{self.rank}")
             time.sleep(min(0.01, max(2e-5, (now - start) / 16)))
         work.wait()  # re-raises a stored error; makes the current stream wait for NCCL's
 

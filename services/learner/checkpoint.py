@@ -91,14 +91,20 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: An
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The highest complete step_N folder (one with meta.json), or None."""
-    best: tuple[int, Path] | None = None
+def complete_checkpoints(root: Path) -> dict[int, Path]:
+    """Every complete step_N folder under root (one with meta.json), by step."""
+    found = {}
     for child in root.glob("step_*"):
         suffix = child.name.removeprefix("step_")
-        if suffix.isdigit() and (child / META).is_file() and (best is None or int(suffix) > best[0]):
-            best = (int(suffix), child)
-    return best[1] if best else None
+        if suffix.isdigit() and (child / META).is_file():
+            found[int(suffix)] = child
+    return found
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The highest complete step_N folder (one with meta.json), or None."""
+    found = complete_checkpoints(root)
+    return found[max(found)] if found else None
 
 
 def resolve_checkpoint(root: Path, spec: str | None) -> Path | None:
@@ -142,7 +148,8 @@ def _load(path: Path, what: str) -> Any:
         # weights_only: a checkpoint folder may come from elsewhere; never unpickle arbitrary objects.
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {what} ({path.name}): {exc}") from None
+        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {what} "
+                              f"({path.name}): {exc}") from None
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -151,7 +158,8 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {path.name}: {exc}") from None
+        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read "
+                              f"{path.name}: {exc}") from None
 
 
 def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
@@ -193,7 +201,8 @@ def restore_learner(learner: Any, path: Path) -> dict[str, Any]:
         try:
             learner.optimizer.load_state_dict(_load(path / OPTIMIZER, "the optimizer state"))
         except (ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {path}: optimizer state does not fit this model: {exc}") from None
+            raise CheckpointError(f"checkpoint {path}: optimizer state does not fit this "
+                                  f"model: {exc}") from None
         trainer = _load(path / TRAINER_STATE, "the trainer state") if (path / TRAINER_STATE).is_file() else {}
         critic = getattr(getattr(learner, "update", None), "critic", None)
         if critic is not None:

@@ -58,7 +58,8 @@ class Learner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_seq_len = getattr(self.model.config, "max_position_embeddings", None)
         # The algorithm's pieces (reference, critic, losses) live in update.py; see docs/algorithms.md.
-        self.update = build_policy_update(self.model, self.optimizer, self.algorithm, cfg, model_path=model_path,
+        self.update = build_policy_update(self.model, self.optimizer, self.algorithm, cfg,
+                                          model_path=model_path,
                                           device=device, dtype=dtype, pad_id=self.pad_id,
                                           max_response_tokens=max_response_tokens)
         self.version = 0
@@ -133,6 +134,7 @@ class Learner:
     def save_checkpoint(self, step: int) -> Path:
         with self._lock:
             return save_checkpoint(self.checkpoint_dir, step, self.model, self.tokenizer, self.optimizer,
-                                   {"policy_version": self.version}, critic=getattr(self.update, "critic", None),
+                                   {"policy_version": self.version},
+                                   critic=getattr(self.update, "critic", None),
                                    scheduler=getattr(self, "scheduler", None))
 

@@ -1,14 +1,16 @@
 """Learner gRPC servicer: converts and delegates to Learner."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
-from rlfleet.rpc.security import current, current_limits
 from rlfleet.security_config import LimitsConfig
+from services.learner.checkpoint import complete_checkpoints, read_meta
 from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
@@ -26,17 +28,21 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
                  weight_token: str | None = None) -> None:
-        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
-        self.limits = limits or current_limits()
-        self.weight_token = weight_token or current().token
+        """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
+        the weight group's rendezvous is signed with (security.token; None: unsigned)."""
+        self.limits = limits or LimitsConfig()
+        self.weight_token = weight_token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
+        self.restored_from: Path | None = None
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
 
-    def attach(self, learner: Learner) -> None:
+    def attach(self, learner: Learner, restored_from: Path | None = None) -> None:
+        """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints)."""
         self.learner = learner
+        self.restored_from = restored_from
 
     def _ready(self) -> Learner:
         if self.learner is None:
@@ -77,6 +83,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.version(request.step, "step")
         return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
+
+    @rpc_method
+    def ListCheckpoints(self, request, context):
+        learner = self._ready()
+        found = complete_checkpoints(learner.checkpoint_dir)
+        reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
+            learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
+        if self.restored_from is not None:
+            step = int(read_meta(self.restored_from)["step"])
+            reply.restored_from.CopyFrom(learner_pb2.CheckpointInfo(step=step, path=str(self.restored_from)))
+        return reply
 
     @rpc_method
     def GetStatus(self, request, context):

@@ -1,9 +1,9 @@
 """Ranks of a sharded learner (learner.world_size > 1, one process per rank under torchrun).
 
-Rank 0 is the gRPC learner service (rlfleet.serve.serve_sharded_learner; announced,
-health-checked, SIGTERM-aware like any other); ranks > 0 serve nothing: they load their shard and then run whatever rank 0 announces
-(``distributed.receive_command``) until it says stop. A rank that fails exits non-zero, and
-torchrun then stops the whole world, so a broken learner is seen as a dead service.
+Rank 0 is the gRPC learner service (rlfleet.app.serve.serve_sharded_learner; announced,
+health-checked, SIGTERM-aware like any other); ranks > 0 serve nothing: they load their shard and then run
+whatever rank 0 announces (``distributed.receive_command``) until it says stop. A rank that fails exits
+non-zero, and torchrun then stops the whole world, so a broken learner is seen as a dead service.
 """
 from __future__ import annotations
 

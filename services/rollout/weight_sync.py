@@ -53,4 +53,5 @@ class InProcessWeightSync:
                 self._group, self._receiver = None, None
                 raise
             self._apply(received.tensors, received.version)
-            return {"version": received.version, "bytes": received.nbytes, "seconds": time.perf_counter() - start}
+            return {"version": received.version, "bytes": received.nbytes,
+                    "seconds": time.perf_counter() - start}

@@ -147,7 +147,7 @@ def test_restart_policies_ordering_and_the_target():
     after = " ".join(values(controller, "Unit", "After")).split()
     assert {f"rlfleet-{role}@%i.service" for role in SERVICES} <= set(after)
     assert values(controller, "Service", "Restart") == ["no"]  # it does not resume a run
-    # SIGTERM stops it cleanly with 128+15 (rlfleet/interrupt.py): `systemctl stop` is not a failure.
+    # SIGTERM stops it cleanly with 128+15 (rlfleet/app/interrupt.py): `systemctl stop` is not a failure.
     assert values(controller, "Service", "SuccessExitStatus") == ["143"]
 
 

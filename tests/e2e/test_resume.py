@@ -18,7 +18,8 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(run_dir):
     n, k = 4, 2
     full = rlfleet("run", f"run.output_dir={run_dir}", "run.name=full", f"controller.max_steps={n}", *SMALL)
     assert full.returncode == 0, full.stderr[-3000:]
-    first = rlfleet("run", f"run.output_dir={run_dir}", "run.name=resumed", f"controller.max_steps={k}", *SMALL)
+    first = rlfleet("run", f"run.output_dir={run_dir}", "run.name=resumed",
+                    f"controller.max_steps={k}", *SMALL)
     assert first.returncode == 0, first.stderr[-3000:]
     again = rlfleet("run", f"run.output_dir={run_dir}", "run.name=resumed", f"controller.max_steps={n}",
                     "controller.resume=latest", *SMALL)
@@ -57,6 +58,7 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(run_dir):
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(run_dir):
-    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=empty", "controller.resume=latest", timeout=120)
+    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=empty", "controller.resume=latest",
+                   timeout=120)
     assert proc.returncode == 2
     assert "nothing to resume" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -40,7 +40,8 @@ def train_request(step: int = 1, expected_version: int = -1, logprobs: list[floa
         learner_pb2.TrainSample(prompt_ids=[15, 16], response_ids=[20, 21, 22, 2],
                                 behaviour_logprobs=[-4.0] * 4, advantage=0.5, generation_version=0),
     ]
-    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0, expected_version=expected_version)
+    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0,
+                                    expected_version=expected_version)
 
 
 def test_learner_train_step(learner_server):
@@ -100,6 +101,29 @@ def test_learner_save_checkpoint(learner_server, tmp_path):
     assert not list(path.parent.glob("*.tmp-*"))  # nothing half-written left behind
 
 
+def test_learner_lists_its_checkpoints_for_a_resuming_controller(learner_server, tmp_path):
+    """The controller asks the learner which checkpoints a run can resume from (it never reads the
+    learner's files): complete ones only, plus the one the learner started from."""
+    from controller.clients import LearnerClient
+
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    assert list(stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT).checkpoints) == []
+    first = stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path
+    (Path(first).parent / "step_5").mkdir()  # a save that never completed: no meta.json
+    reply = stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT)
+    assert [(c.step, c.path) for c in reply.checkpoints] == [(1, first)]
+    assert not reply.HasField("restored_from")
+    other_run = tmp_path / "other" / "step_3"  # the learner was started from another run's checkpoint
+    other_run.mkdir(parents=True)
+    (other_run / "meta.json").write_text(json.dumps({"step": 3}))
+    learner_server.servicer.attach(learner_server.servicer.learner, restored_from=other_run)
+    client = LearnerClient(learner_server.server.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT)
+    try:
+        assert client.checkpoints() == {1: first, 3: str(other_run)}
+    finally:
+        client.close()
+
+
 def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
     """Same weights on both sides: the learner's logprobs of a rollout's samples equal the
     behaviour logprobs, so the first step is on-policy (importance ratio 1)."""
@@ -111,7 +135,8 @@ def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
                                        generation_version=c.policy_version)
                for g in groups for i, c in enumerate(g.completions)]
     learner = learner_pb2_grpc.LearnerStub(learner_server.channel)
-    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0, expected_version=0),
+    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0,
+                                                   expected_version=0),
                           timeout=TIMEOUT)
     assert reply.metrics["rollout/logprob_diff_mean"] < 1e-3
     assert reply.metrics["actor/pg_clipfrac"] == 0.0

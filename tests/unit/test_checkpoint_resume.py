@@ -102,7 +102,8 @@ def test_half_written_checkpoints_are_never_picked_and_corrupt_ones_are_named(ti
 
 
 def prompts(n: int) -> list[Prompt]:
-    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="") for i in range(n)]
+    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="")
+            for i in range(n)]
 
 
 def test_prompt_source_state_round_trips(tmp_path: Path) -> None:
@@ -122,13 +123,15 @@ def test_controller_state_resolution_and_truncation(tmp_path: Path) -> None:
                             [{"seed": 7, "members": [[19, 2], [20, 3]]}])
     save_state(run, state)
     with pytest.raises(CheckpointError, match="nothing to resume"):
-        resolve_resume(run, "latest")  # no learner checkpoint of that step
-    (run / "checkpoints" / "step_4").mkdir(parents=True)
-    (run / "checkpoints" / "step_4" / "meta.json").write_text("{}")
+        resolve_resume(run, "latest", {})  # the learner has no checkpoint of that step
+    ckpt = str(run / "checkpoints" / "step_4")
+    learner_has = {2: str(run / "checkpoints" / "step_2"), 4: ckpt}  # as the learner reports them
     save_state(run, ControllerState(6, 6, 30, state.source, []))  # its learner checkpoint never completed
-    state_file, ckpt = resolve_resume(run, "latest")
-    assert ckpt == run / "checkpoints" / "step_4"
-    assert resolve_resume(run, str(ckpt)) == (state_file, ckpt)
+    state_file, found = resolve_resume(run, "latest", learner_has)
+    assert found == ckpt
+    assert resolve_resume(run, ckpt, learner_has) == (state_file, ckpt)
+    with pytest.raises(CheckpointError, match="no complete checkpoint of step 6"):
+        resolve_resume(run, str(run / "checkpoints" / "step_6"), learner_has)
     loaded = load_state(state_file)
     assert loaded == state
     [d] = loaded.dispatches(prompts(5))
@@ -173,7 +176,8 @@ def test_lr_schedule_reaches_the_optimizer_and_survives_resume(tiny_model_dir: P
     cfg = LearnerConfig(lr=1e-2, lr_scheduler="linear", lr_warmup_steps=2)
 
     def fresh() -> Learner:
-        return Learner(cfg, tiny_model_dir, CPU, torch.float32, ckpt, seed=0, max_response_tokens=4, total_steps=6)
+        return Learner(cfg, tiny_model_dir, CPU, torch.float32, ckpt, seed=0, max_response_tokens=4,
+                       total_steps=6)
 
     a = fresh()
     seen = [a.train(batch(step, step - 1)).metrics["actor/lr"] for step in (1, 2, 3)]

@@ -155,7 +155,8 @@ def test_render_prompt_rejects_other_types():
 
 
 def make_prompts(n: int) -> list[Prompt]:
-    return [Prompt(index=i, text=str(i), prompt_ids=[i], data_source="d", ground_truth=str(i)) for i in range(n)]
+    return [Prompt(index=i, text=str(i), prompt_ids=[i], data_source="d", ground_truth=str(i))
+            for i in range(n)]
 
 
 def indices(source: PromptSource, count: int) -> list[int]:

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.app.serve import ROLES
+from rlfleet.app.supervisor import Supervisor
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.interrupt import StopOnSignal
-from rlfleet.reward_config import needs_reward_service
 from rlfleet.rpc.service_main import PARENT_PID_ENV
-from rlfleet.serve import ROLES
-from rlfleet.supervisor import Supervisor
 
 
 @dataclass
@@ -32,7 +31,7 @@ class Child:
     proc: subprocess.Popen
     stderr_path: Path
     expected_exit: bool = field(default=False)
-    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
+    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/app/supervisor.py)
     env: dict[str, str] | None = None
 
     def describe_exit(self) -> str:
@@ -42,7 +41,8 @@ class Child:
             tail = f": {lines[-1].strip()}" if lines else ""
         except OSError:
             pass
-        return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
+        return (f"the {self.role} service (pid {self.proc.pid}) exited with code "
+                f"{self.proc.returncode}{tail} "
                 f"(full output: {self.stderr_path})")
 
 
@@ -89,8 +89,6 @@ class Launcher:
                 for index, name in enumerate(replica_names(self.cfg.rollout.replicas)):
                     self._spawn(role, config_path, name, index)
                 continue
-            if role == "reward" and not needs_reward_service(self.cfg.reward.sources):
-                continue  # every reward source is an external server or a function in the controller
             self._spawn(role, config_path, role, 0)
         for child in self.children:
             addresses[child.role] = self._await_announce(child)
@@ -101,11 +99,11 @@ class Launcher:
         if self.stop.is_set():  # Ctrl-C while starting: start nothing more
             raise RlfleetError("stopping")
         stderr_path = self.run_dir / "logs" / f"{name}.stderr"
-        cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
+        cmd = [sys.executable, "-m", "rlfleet.app.cli", "serve", role, "--name", name, "--index", str(index),
                "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
         if role == "learner" and self.cfg.learner.world_size > 1:  # one process per rank; rank 0 serves gRPC
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                        str(self.cfg.learner.world_size), "-m", "rlfleet.cli"]
+                        str(self.cfg.learner.world_size), "-m", "rlfleet.app.cli"]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
@@ -169,10 +167,13 @@ class Launcher:
 
 def format_progress(m: dict[str, Any], max_steps: int) -> str:
     return (f"step {m['step']:>4}/{max_steps} | v{m['policy_version']:<4} | reward {m['reward/mean']:.3f} "
-            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy {m['actor/entropy']:.3f} "
-            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | {m['perf/tokens_per_s']:.0f} tok/s "
+            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy "
+            f"{m['actor/entropy']:.3f} "
+            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | "
+            f"{m['perf/tokens_per_s']:.0f} tok/s "
             f"| sync {m['timing/weight_sync_s'] * 1000:.0f} ms"
-            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far" if m.get("reward/excluded_total")
+            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far"
+               if m.get("reward/excluded_total")
                else ""))
 
 
@@ -187,8 +188,13 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     # model's context fail here, before any service starts.
     prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
-        from controller.state import resolve_resume
-        cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
+        from controller.state import resolve_resume, resume_folder
+        from services.learner.checkpoint import complete_checkpoints
+
+        # The learner is not started yet: read its checkpoints here, where both roles' files are local.
+        found = complete_checkpoints(resume_folder(cfg.run.dir, cfg.controller.resume) / "checkpoints")
+        cfg.learner.resume_from = resolve_resume(cfg.run.dir, cfg.controller.resume,
+                                                 {step: str(path) for step, path in found.items()})[1]
     launcher = Launcher(cfg)
     with StopOnSignal(launcher.stop, on_first=launcher.shutdown) as signals:
         try:
@@ -198,7 +204,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
                                      on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
                                                              flush=True))
         except RlfleetError:
-            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/interrupt.py)
+            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
                 dead = launcher.dead_child()
                 if dead:

@@ -44,7 +44,8 @@ class Supervisor:
         if state.due is None:
             why = child.describe_exit()
             if state.count >= self.max_restarts:
-                return why + (f" (restarted {state.count} times already, run.max_restarts={self.max_restarts})"
+                return why + (f" (restarted {state.count} times already, "
+                              f"run.max_restarts={self.max_restarts})"
                               if state.count else "")
             delay = self.backoff_s * (2 ** state.count)
             print(f"rlfleet: {why}; restarting it ({state.count + 1}/{self.max_restarts}) in {delay:g}s",
@@ -76,7 +77,8 @@ class Supervisor:
         with open(child.stderr_path, "a") as stderr:
             child.proc = subprocess.Popen([*child.cmd, *extra], stdout=subprocess.DEVNULL, stderr=stderr,
                                           env=child.env, start_new_session=True)
-        print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr, flush=True)
+        print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr,
+              flush=True)
         log.warning("service restarted", service=child.role, pid=child.proc.pid)
 
     def _record(self, entry: dict[str, Any]) -> None:
