@@ -79,3 +79,5 @@ class LimitsConfig(BaseModel):
     max_weight_timeout_s: float = Field(3600.0, gt=0.0, description="largest timeout_s a weight-group RPC "
                                         "may ask for")
     max_world_size: int = Field(1024, ge=2, description="largest weight-group world size")
+    max_health_watches: int = Field(4, ge=1, le=64, description="open health Watch streams one server serves "
+                                    "(health needs no token); more are refused with RESOURCE_EXHAUSTED")

@@ -14,6 +14,7 @@ side, `TokenClientInterceptor` adds the header to every call.
 from __future__ import annotations
 
 import hmac
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ class Security:
     server_name: str | None = None
     token: str | None = None
     max_message_bytes: int = 512 * 1024 * 1024
+    max_health_watches: int = 4
 
     @property
     def tls(self) -> bool:
@@ -47,10 +49,12 @@ class Security:
     def from_config(cls, cfg: SecurityConfig | None, limits: LimitsConfig | None = None) -> Security:
         cfg = cfg or SecurityConfig()
         limits = limits or LimitsConfig()
+        check_tls_files(cfg)
         return cls(cert=_read(cfg.tls_cert, "tls_cert"), key=_read(cfg.tls_key, "tls_key"),
                    ca=_read(cfg.tls_ca, "tls_ca"), require_client_cert=cfg.require_client_cert,
                    server_name=cfg.server_name, token=cfg.read_token(),
-                   max_message_bytes=limits.max_message_mb * 1024 * 1024)
+                   max_message_bytes=limits.max_message_mb * 1024 * 1024,
+                   max_health_watches=limits.max_health_watches)
 
     # ---- gRPC pieces ----------------------------------------------------------------------------
 
@@ -79,6 +83,31 @@ class Security:
 
     def client_interceptors(self) -> list[grpc.UnaryUnaryClientInterceptor]:
         return [TokenClientInterceptor(self.token)] if self.token else []
+
+
+def check_tls_files(cfg: SecurityConfig) -> None:
+    """Parses the PEM files with the stdlib's OpenSSL, so a bad file is named here rather than
+    surfacing later as grpc's "Failed to bind to address" (a server) or a failed handshake."""
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(cfg, key)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"security.{key} {path}: cannot read: no such file")
+    if cfg.tls_ca is not None:
+        try:
+            ssl.create_default_context(cafile=cfg.tls_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"security.tls_ca {cfg.tls_ca}: not a PEM CA certificate ({exc})") from None
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        return
+    try:  # the certificate alone first: a failure of the pair after that is the key's
+        ssl.create_default_context(cafile=cfg.tls_cert)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_cert {cfg.tls_cert}: not a PEM certificate ({exc})") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_key {cfg.tls_key}: not a PEM private key matching security.tls_cert "
+                          f"{cfg.tls_cert} ({exc})") from None
 
 
 def _read(path: str | None, key: str) -> bytes | None:
