@@ -171,19 +171,16 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
         details = "missing bearer token" if sent is None else "invalid bearer token"
-        if handler is None:  # unknown method: still answer UNAUTHENTICATED, do not reveal what exists
-            return grpc.unary_unary_rpc_method_handler(_refuse(details))
-        # The request is never parsed for a caller without the token (raw bytes, no deserializer).
         deny = _refuse(details)
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
+        # The caller's request is never *read*, let alone parsed: a handler that takes a request
+        # stream and never iterates it answers from the headers alone. (A unary handler would
+        # first receive the whole message, up to max_message_mb, before it could refuse it.)
+        # Unknown methods get the same answer, so a caller without the token learns nothing.
+        if handler is not None and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
                                                          handler.response_serializer)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
-                                                        handler.response_serializer)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny, None, handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(deny, None, handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
+                                                    handler.response_serializer if handler else None)
 
 
 class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
