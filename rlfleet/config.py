@@ -258,6 +258,10 @@ class JobConfig(Section):
                              "exceeds limits.max_prompts_per_request, max_samples_per_prompt or "
                              "max_sequences_per_request: the rollout service would refuse the controller's "
                              "requests")
+        if self.learner.weight_sync_timeout_s > lim.max_weight_timeout_s:
+            raise ValueError(f"learner.weight_sync_timeout_s ({self.learner.weight_sync_timeout_s:g}) "
+                             f"exceeds limits.max_weight_timeout_s ({lim.max_weight_timeout_s:g}): the "
+                             "services would refuse the controller's weight-group requests")
         return self
 
     def to_yaml(self) -> str:

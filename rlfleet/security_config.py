@@ -77,6 +77,9 @@ class LimitsConfig(BaseModel):
     max_score_items: int = Field(65536, ge=1, description="items in one Score call")
     max_text_chars: int = Field(1 << 20, ge=1, description="characters of one prompt/response/ground truth/"
                                 "extra_info in a Score item")
-    max_weight_timeout_s: float = Field(3600.0, gt=0.0, description="largest timeout_s a weight-group RPC "
-                                        "may ask for")
+    max_weight_timeout_s: float = Field(600.0, gt=0.0, description="largest timeout_s a weight-group RPC "
+                                        "may ask for (a pending join or push holds a server thread "
+                                        "that long)")
     max_world_size: int = Field(1024, ge=2, description="largest weight-group world size")
+    max_health_watches: int = Field(4, ge=1, le=64, description="open health Watch streams one server serves "
+                                    "(health needs no token); more are refused with RESOURCE_EXHAUSTED")

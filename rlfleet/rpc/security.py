@@ -13,6 +13,7 @@ side, `TokenClientInterceptor` adds the header to every call.
 from __future__ import annotations
 
 import hmac
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Security:
     server_name: str | None = None
     token: str | None = None
     max_message_bytes: int = 512 * 1024 * 1024
+    max_health_watches: int = 4
 
     @property
     def tls(self) -> bool:
@@ -45,10 +47,12 @@ class Security:
     def from_config(cls, cfg: SecurityConfig | None, limits: LimitsConfig | None = None) -> Security:
         cfg = cfg or SecurityConfig()
         limits = limits or LimitsConfig()
+        check_tls_files(cfg)
         return cls(cert=_read(cfg.tls_cert, "tls_cert"), key=_read(cfg.tls_key, "tls_key"),
                    ca=_read(cfg.tls_ca, "tls_ca"), require_client_cert=cfg.require_client_cert,
                    server_name=cfg.server_name, token=cfg.read_token(),
-                   max_message_bytes=limits.max_message_mb * 1024 * 1024)
+                   max_message_bytes=limits.max_message_mb * 1024 * 1024,
+                   max_health_watches=limits.max_health_watches)
 
     # ---- gRPC pieces ----------------------------------------------------------------------------
 
@@ -77,6 +81,31 @@ class Security:
 
     def client_interceptors(self) -> list[grpc.UnaryUnaryClientInterceptor]:
         return [TokenClientInterceptor(self.token)] if self.token else []
+
+
+def check_tls_files(cfg: SecurityConfig) -> None:
+    """Parses the PEM files with the stdlib's OpenSSL, so a bad file is named here rather than
+    surfacing later as grpc's "Failed to bind to address" (a server) or a failed handshake."""
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(cfg, key)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"security.{key} {path}: cannot read: no such file")
+    if cfg.tls_ca is not None:
+        try:
+            ssl.create_default_context(cafile=cfg.tls_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"security.tls_ca {cfg.tls_ca}: not a PEM CA certificate ({exc})") from None
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        return
+    try:  # the certificate alone first: a failure of the pair after that is the key's
+        ssl.create_default_context(cafile=cfg.tls_cert)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_cert {cfg.tls_cert}: not a PEM certificate ({exc})") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_key {cfg.tls_key}: not a PEM private key matching security.tls_cert "
+                          f"{cfg.tls_cert} ({exc})") from None
 
 
 def _read(path: str | None, key: str) -> bytes | None:
@@ -118,19 +147,16 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
         details = "missing bearer token" if sent is None else "invalid bearer token"
-        if handler is None:  # unknown method: still answer UNAUTHENTICATED, do not reveal what exists
-            return grpc.unary_unary_rpc_method_handler(_refuse(details))
-        # The request is never parsed for a caller without the token (raw bytes, no deserializer).
         deny = _refuse(details)
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
+        # The caller's request is never *read*, let alone parsed: a handler that takes a request
+        # stream and never iterates it answers from the headers alone. (A unary handler would
+        # first receive the whole message, up to max_message_mb, before it could refuse it.)
+        # Unknown methods get the same answer, so a caller without the token learns nothing.
+        if handler is not None and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
                                                          handler.response_serializer)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
-                                                        handler.response_serializer)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny, None, handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(deny, None, handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
+                                                    handler.response_serializer if handler else None)
 
 
 class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,

@@ -9,6 +9,7 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.learner.checkpoint import complete_checkpoints, read_meta
 from services.learner.learner import Learner
@@ -38,6 +39,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.restored_from: Path | None = None
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
+        self.weight_ops = Exclusive("learner")  # one open or push at a time, the others refused at once
 
     def attach(self, learner: Learner, restored_from: Path | None = None) -> None:
         """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints)."""
@@ -65,15 +67,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.open_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
-                                                     token=self.weight_token)
+        with self.weight_ops.hold("OpenWeightGroup"):
+            address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
+                                                         token=self.weight_token)
         return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
 
     @rpc_method
     def PushWeights(self, request, context):
         learner = self._ready()
         validate.version(request.version)
-        stats = learner.push_weights(request.version, digest=request.digest)
+        with self.weight_ops.hold("PushWeights"):
+            stats = learner.push_weights(request.version, digest=request.digest)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))

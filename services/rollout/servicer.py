@@ -7,6 +7,7 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.rollout.engine import RolloutEngine
 
@@ -25,6 +26,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
         self.last_error = ""
+        self.weight_ops = Exclusive("rollout")  # one join or pull at a time, the others refused at once
 
     def attach(self, engine: RolloutEngine) -> None:
         self.engine = engine
@@ -52,18 +54,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         engine = self._ready()
         validate.join_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        engine.join_weight_group(request.address, request.rank, request.world_size, request.backend,
-                                 timeout_s,
-                                 token=self.weight_token)
+        with self.weight_ops.hold("JoinWeightGroup"):
+            engine.join_weight_group(request.address, request.rank, request.world_size, request.backend,
+                                     timeout_s, token=self.weight_token)
         return rollout_pb2.JoinWeightGroupResponse()
 
     @rpc_method
     def PullWeights(self, request, context):
         engine = self._ready()
         validate.version(request.version)
-        stats = engine.pull_weights(request.version)
-        if request.digest:
-            stats["digest"] = engine.weights_digest()
+        with self.weight_ops.hold("PullWeights"):
+            stats = engine.pull_weights(request.version)
+            if request.digest:
+                stats["digest"] = engine.weights_digest()
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         self.metrics.policy_version.labels(self.role).set(stats["version"])
         return rollout_pb2.PullWeightsResponse(version=int(stats["version"]), bytes=int(stats["bytes"]),
