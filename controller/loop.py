@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -173,11 +173,12 @@ class GRPOLoop:
             return len(self._buffer)
 
     # ---- training side ------------------------------------------------------------------------
-    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], int, int]:
+    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], Counter[str]]:
         """Waits for B fresh groups; stale ones, and (dynamic sampling) groups whose rewards are all
-        equal, are dropped and their admission slots given back, so generation makes up for them."""
+        equal, are dropped and their admission slots given back, so generation makes up for them.
+        Returns the batch and how many groups were dropped, by reason (stale, unusable, filtered)."""
         batch: list[ScoredGroup] = []
-        dropped = filtered = 0
+        dropped: Counter[str] = Counter()
         filter_limit = self.samples.filter_limit(self.B)
         with self._cond:
             while len(batch) < self.B:
@@ -198,23 +199,22 @@ class GRPOLoop:
                 _, _, group = heapq.heappop(self._buffer)
                 usable = len(group.scored()) >= 2
                 if not (self.gate.is_fresh(group.version, train_version) and usable):
-                    dropped += 1
-                    self._drop(group, "unusable" if usable is False else "stale", train_version)
+                    self._drop(group, "unusable" if usable is False else "stale", train_version, dropped)
                 elif not self.samples.keep(group):
-                    filtered += 1
-                    self._drop(group, "filtered", train_version)
-                    if filter_limit is not None and filtered > filter_limit:
-                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal rewards in one "
-                                           "step; the task is solved or unsolvable for this policy "
+                    self._drop(group, "filtered", train_version, dropped)
+                    if filter_limit is not None and dropped["filtered"] > filter_limit:
+                        raise RlfleetError(f"dynamic sampling dropped {dropped['filtered']} groups with equal "
+                                           "rewards in one step; the task is solved or unsolvable for this policy "
                                            "(raise algorithm.max_gen_batches, 0 never gives up)")
                 else:
                     batch.append(group)
                     continue
                 self._admitted -= 1
                 self._cond.notify_all()
-        return batch, dropped, filtered
+        return batch, dropped
 
-    def _drop(self, group: ScoredGroup, reason: str, train_version: int) -> None:
+    def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
+        dropped[reason] += 1
         self._live.pop(group.seq, None)
         self._note("dropped", seq=group.seq, reason=reason, version=group.version, train_version=train_version)
 
@@ -240,7 +240,7 @@ class GRPOLoop:
             for step in range(self._start_step + 1, cc.max_steps + 1):
                 structlog.contextvars.bind_contextvars(step=step, policy_version=version)
                 step_start = time.perf_counter()
-                groups, dropped, filtered = self._take_batch(version)
+                groups, dropped = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
                 samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
@@ -261,7 +261,8 @@ class GRPOLoop:
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
-                metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
+                metrics.update(sample_metrics,
+                               **{"dynamic_sampling/filtered_groups": float(dropped["filtered"])})
                 metrics.update(reward_metrics(self.reward, groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version, self.rollout.generate,
