@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from rlfleet.checkpoint_files import META, verify_folder
 from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import CheckpointError
+
+log = structlog.get_logger(__name__)
 
 FOLDER = "controller_state"
 FORMAT = 1
@@ -106,18 +111,28 @@ def _step_of(path: Path) -> int | None:
 
 def resolve_resume(run_dir: Path, spec: str) -> tuple[Path, Path]:
     """`latest` or a `.../checkpoints/step_N` folder (or a controller_state/step_N.json) -> the
-    controller state file and the learner checkpoint folder of that step, both complete."""
-    from services.learner.checkpoint import META
-
+    controller state file and the learner checkpoint folder of that step, both complete and intact.
+    `latest` is the newest step whose two parts pass their checks (the learner's files against
+    their sha256); a damaged newer one is passed over with a warning naming the bad file."""
     checkpoints = run_dir / "checkpoints"
     if spec == "latest":
         steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json")) if s is not None),
                        reverse=True)
+        rejected: list[str] = []
         for step in steps:
-            if (checkpoints / f"step_{step}" / META).is_file():
-                return state_path(run_dir, step), checkpoints / f"step_{step}"
+            if not (checkpoints / f"step_{step}" / META).is_file():
+                continue  # its learner checkpoint was never completed: not a checkpoint
+            try:
+                verify_folder(checkpoints / f"step_{step}")
+                load_state(state_path(run_dir, step))
+            except CheckpointError as exc:
+                rejected.append(str(exc))
+                log.warning(f"{exc}; resuming from an earlier checkpoint instead")
+                continue
+            return state_path(run_dir, step), checkpoints / f"step_{step}"
         raise CheckpointError(f"nothing to resume in {run_dir}: no step with both {FOLDER}/step_N.json and "
-                              f"checkpoints/step_N/{META}")
+                              f"checkpoints/step_N/{META}" + (" intact (" + "; ".join(rejected) + ")"
+                                                              if rejected else ""))
     given = Path(spec)
     step = _step_of(given) if given.suffix == ".json" else (
         int(given.name.removeprefix("step_")) if given.name.removeprefix("step_").isdigit() else None)
@@ -129,6 +144,7 @@ def resolve_resume(run_dir: Path, spec: str) -> tuple[Path, Path]:
         raise CheckpointError(f"controller.resume={spec!r}: no controller state {state}")
     if not (ckpt / META).is_file():
         raise CheckpointError(f"controller.resume={spec!r}: learner checkpoint {ckpt} is missing or incomplete")
+    verify_folder(ckpt)
     return state, ckpt
 
 

@@ -66,7 +66,7 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
                           max_response_tokens=cfg.rollout.max_new_tokens)
         checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
-            restore_learner(learner, checkpoint)
+            restore_learner(learner, checkpoint, verified=True)
         servicer.attach(learner)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import torch
 
 from controller.journal import Journal, audit
@@ -164,3 +165,60 @@ def test_journal_audit_finds_lost_and_twice_trained_prompts(tmp_path: Path) -> N
     result = audit(j.path)
     assert result.lost == [] and result.trained_twice == [0]
     assert Dispatch(1, [(5, prompts(1)[0])]).request_ids() == {"p0-s5": (5, prompts(1)[0])}
+
+
+def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
+    """Damages `count` bytes in place: the size stays what meta.json recorded."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(count)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_a_checkpoint_damaged_in_place_is_refused_and_latest_falls_back(tiny_model_dir: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    core = make(tiny_model_dir, ckpt)
+    core.train(batch(1, 0))
+    good = core.save_checkpoint(1)
+    core.train(batch(2, 1))
+    newest = core.save_checkpoint(2)
+    weights = newest / "model.safetensors"
+    size = weights.stat().st_size
+    flip_bytes(weights, size // 2)  # inside the tensor data: safetensors itself still loads it
+    assert weights.stat().st_size == size
+    with pytest.raises(CheckpointError, match=r"content of model.safetensors changed"):
+        restore_learner(make(tiny_model_dir, ckpt), newest)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        resolve_checkpoint(ckpt, str(newest))  # named explicitly: refused, no silent substitute
+    with structlog.testing.capture_logs() as logs:
+        assert resolve_checkpoint(ckpt, "latest") == good and resolve_checkpoint(ckpt, "auto") == good
+    assert any("step_2" in e["event"] and "model.safetensors" in e["event"] for e in logs), logs
+    restored = make(tiny_model_dir, ckpt)
+    assert restore_learner(restored, good, verified=True)["step"] == 1 and restored.version == 1
+    flip_bytes(good / "optimizer.pt", 0, 16)  # every checkpoint damaged: an error, not a fresh start
+    with pytest.raises(CheckpointError, match="no usable checkpoint.*step_2.*step_1"):
+        resolve_checkpoint(ckpt, "auto")
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_good_one(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    core = make(tiny_model_dir, run / "checkpoints")
+    source = source_state(PromptSource(prompts(5)))
+    for step in (1, 2):
+        core.train(batch(step, step - 1))
+        core.save_checkpoint(step)
+        save_state(run, ControllerState(step, step, 4 * step, source, []))
+    with open(run / "checkpoints" / "step_2" / "optimizer.pt", "r+b") as fh:
+        fh.truncate(100)
+    with structlog.testing.capture_logs() as logs:
+        state_file, ckpt = resolve_resume(run, "latest")  # controller.resume=latest: the newest GOOD step
+    assert (state_file, ckpt) == (run / "controller_state" / "step_1.json", run / "checkpoints" / "step_1")
+    assert any("step_2" in e["event"] and "optimizer.pt has 100 bytes" in e["event"] for e in logs), logs
+    assert resolve_checkpoint(run / "checkpoints", "latest") == ckpt  # the learner's own `latest` agrees
+    with pytest.raises(CheckpointError, match="optimizer.pt has 100 bytes"):
+        resolve_resume(run, str(run / "checkpoints" / "step_2"))
+    (run / "controller_state" / "step_1.json").write_text("{")  # now no step is whole
+    with pytest.raises(CheckpointError, match="nothing to resume.*optimizer.pt has 100 bytes"):
+        resolve_resume(run, "latest")
