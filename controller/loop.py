@@ -246,7 +246,7 @@ class GRPOLoop:
                 t0 = time.perf_counter()
                 batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
                                    expected_version=version)
-                result = self.recovery.call_learner(lambda b=batch: self.learner.train(b), version)
+                result = self.recovery.train(batch)  # retried only because Train is idempotent
                 self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
                 with self._cond:

@@ -216,4 +216,6 @@ def restore_learner(learner: Any, path: Path, verified: bool = False) -> dict[st
             set_rng_state(trainer["rng"])
         learner.version = int(meta.get("policy_version", meta["step"]))
         learner.step = int(meta["step"])
+        if hasattr(learner, "step_results"):
+            learner.step_results.clear()
     return meta

@@ -260,6 +260,7 @@ class ShardedLearner(Learner):
                     set_rng_state(trainer["rng"])
             self.version = int(meta.get("policy_version", meta["step"]))
             self.step = int(meta["step"])
+            self.step_results.clear()
         return meta
 
 

@@ -51,7 +51,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
-        self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
+        if not result.repeated:  # a repeat trained nothing
+            self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
 
     @rpc_method

@@ -29,7 +29,7 @@ from tests.service.servicer_harness import (
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
-def train_request(step: int = 1, expected_version: int = -1, logprobs: list[float] | None = None
+def train_request(step: int = 1, expected_version: int = 0, logprobs: list[float] | None = None
                   ) -> learner_pb2.TrainRequest:
     samples = [
         learner_pb2.TrainSample(prompt_ids=[6, 7, 41, 8, 45], response_ids=[9, 2],
@@ -82,7 +82,7 @@ def test_learner_rejects_bad_samples(learner_server):
     assert "behaviour_logprobs" in details_of(lambda: stub.Train(mismatched, timeout=TIMEOUT))
     empty = learner_pb2.TrainRequest(step=1, expected_version=-1)
     assert code_of(lambda: stub.Train(empty, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
-    too_long = learner_pb2.TrainRequest(step=1, expected_version=-1, samples=[learner_pb2.TrainSample(
+    too_long = learner_pb2.TrainRequest(step=1, expected_version=0, samples=[learner_pb2.TrainSample(
         prompt_ids=[5] * 120, response_ids=[6] * 10, behaviour_logprobs=[-1.0] * 10, advantage=1.0)])
     assert code_of(lambda: stub.Train(too_long, timeout=TIMEOUT)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).policy_version == 0

@@ -66,7 +66,9 @@ class LearnerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Train(self, request, context):
-        """One optimizer step on a batch of scored samples.
+        """One optimizer step on a batch of scored samples. Idempotent: a repeat of a
+        (step, expected_version) already applied returns the stored result and trains
+        nothing, so a call that timed out may be retried.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
