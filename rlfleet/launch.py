@@ -21,7 +21,7 @@ from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.interrupt import StopOnSignal
 from rlfleet.reward_config import needs_reward_service
-from rlfleet.rpc.service_main import PARENT_PID_ENV
+from rlfleet.rpc.service_main import LOAD_FAILED_EXIT, PARENT_PID_ENV, read_load_error
 from rlfleet.serve import ROLES
 from rlfleet.supervisor import Supervisor
 
@@ -34,8 +34,19 @@ class Child:
     expected_exit: bool = field(default=False)
     cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
     env: dict[str, str] | None = None
+    run_dir: Path | None = None  # where it writes its one-line error if it fails while loading
+
+    def load_error(self) -> str | None:
+        """Its own one-line error if it failed while loading for a reason a restart would repeat."""
+        if self.run_dir is None or self.proc.returncode != LOAD_FAILED_EXIT:
+            return None
+        return read_load_error(self.run_dir, self.role)
 
     def describe_exit(self) -> str:
+        load_error = self.load_error()
+        if load_error:  # the service's own words, not whatever line its stderr happened to end with
+            return (f"the {self.role} service (pid {self.proc.pid}) failed while loading: {load_error} "
+                    f"(full output: {self.stderr_path})")
         tail = ""
         try:
             lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -70,7 +81,7 @@ class Launcher:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         services_dir = self.run_dir / "services"
         services_dir.mkdir(parents=True, exist_ok=True)
-        for stale in services_dir.glob("*.json"):
+        for stale in [*services_dir.glob("*.json"), *services_dir.glob("*.load-error")]:
             stale.unlink()
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(self.cfg.to_yaml())
@@ -92,9 +103,10 @@ class Launcher:
             if role == "reward" and not needs_reward_service(self.cfg.reward.sources):
                 continue  # every reward source is an external server or a function in the controller
             self._spawn(role, config_path, role, 0)
+        # Watched from the start: one that fails while loading stops the run while others still load.
+        threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         for child in self.children:
             addresses[child.role] = self._await_announce(child)
-        threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         return addresses
 
     def _spawn(self, role: str, config_path: Path, name: str, index: int) -> None:
@@ -109,7 +121,7 @@ class Launcher:
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
-        self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env))
+        self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env, run_dir=self.run_dir))
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"
@@ -141,6 +153,8 @@ class Launcher:
 
     def dead_child(self) -> str | None:
         """Why a child died, looking again right now (the watcher polls only every 0.2 s)."""
+        if self.failure is not None:  # the supervisor's verdict: it also says whether restarts were spent
+            return self.failure
         for child in self.children:
             if not child.expected_exit and child.proc.poll() is not None:
                 return child.describe_exit()

@@ -55,6 +55,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     servicer = LearnerServicer(host=cfg.learner.host)
 
     def load() -> None:
+        # First, so a damaged or missing checkpoint is reported before a model load of minutes.
+        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
         if shares_gpu_with_rollout(cfg, device):
@@ -64,7 +66,6 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
                           resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens)
-        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
             restore_learner(learner, checkpoint, verified=True)
         servicer.attach(learner)
