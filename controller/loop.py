@@ -82,12 +82,14 @@ class GRPOLoop:
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s)
         self._start_step, self._start_version = 0, 0
+        self.checkpointed_step = 0  # the newest step with a checkpoint: where controller.resume=latest goes back to
         if resume is not None:
             self._restore(resume)
 
     def _restore(self, state: ControllerState) -> None:
         """Continues after the checkpoint of `state.step`: its prompts not yet trained go first."""
         self._start_step, self._start_version = state.step, state.policy_version
+        self.checkpointed_step = state.step
         self.step, self._seq, self._rollout_version = state.step, state.seq, state.policy_version
         for dispatch in state.dispatches(self.source.prompts):
             self._requeue.append(dispatch)
@@ -222,6 +224,31 @@ class GRPOLoop:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
         self.recovery.call_learner(lambda: self.learner.save_checkpoint(step), version)
         save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+
+    def _checkpoint_on_stop(self, version: int) -> None:
+        """A stopped run (Ctrl-C, SIGTERM, a service gone for good) keeps its progress: the last
+        finished step is checkpointed unless it already is, so controller.resume=latest continues
+        from it whatever learner.checkpoint_every is. Once, with no retries: the learner may be
+        the reason the run stops. Skipped when the learner does not hold this step's version (the
+        stop came between a step's Train and its bookkeeping, or the learner restarted)."""
+        step = self.step
+        if step <= self.checkpointed_step:
+            return
+        try:
+            status = self.learner.status()
+            if not status.ready or status.policy_version != version:
+                log.warning("stopped; no checkpoint of the last step: the learner does not hold its version",
+                            step=step, version=version, learner_version=status.policy_version)
+                return
+            self.learner.save_checkpoint(step)
+        except RlfleetError as exc:
+            log.warning("stopped; could not checkpoint the last step", step=step, error=str(exc)[:300])
+            return
+        save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+        self._note("checkpointed_on_stop", step=step, version=version)
+        log.warning(f"stopped after step {step}; checkpoint written: controller.resume=latest continues from it")
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
@@ -276,6 +303,9 @@ class GRPOLoop:
                     self._checkpoint(step, version)
                 if self.on_step is not None:
                     self.on_step(metrics)
+        except Stopped:
+            self._checkpoint_on_stop(version)
+            raise
         finally:
             self.stop.set()
             with self._cond:

@@ -170,9 +170,12 @@ class Recovery:
             self.loop.learner.train(batch)
             self._event("learner_replayed", step=batch.step, version=version)
             return
+        last = self.loop.checkpointed_step  # suggest a resume only where there is something to resume
+        hint = (f"resume the run with controller.resume=latest (continues from step {last})" if last else
+                "this run has no checkpoint to resume from")
         raise RlfleetError(f"learner at {self.loop.learner.address} restarted at policy version {have}, the "
-                           f"controller is at {version}: resume the run with controller.resume=latest "
-                           "(learner.checkpoint_every=1 lets a run survive learner restarts in place)")
+                           f"controller is at {version}: {hint} (learner.checkpoint_every=1 lets a run survive "
+                           "learner restarts in place)")
 
     def train(self, batch: TrainBatch) -> TrainResult:
         """One Train call, retried while the learner is unreachable (see the module docstring)."""

@@ -2,7 +2,8 @@
 
 Each service binds a free port itself and announces it in
 `<run_dir>/services/<role>.json`, so there is no port race. A child that dies
-stops the whole run with a message naming it; Ctrl-C stops everything cleanly.
+stops the whole run with a message naming it; Ctrl-C stops everything cleanly,
+after the controller checkpointed the last finished step (STOP_GRACE_S at most).
 """
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ class Child:
             pass
         return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
                 f"(full output: {self.stderr_path})")
+
+
+# After Ctrl-C/SIGTERM the services stay up while the controller checkpoints the last finished step
+# (controller/loop.py); this long at most, should the controller be stuck in a call. A second
+# Ctrl-C stops everything at once.
+STOP_GRACE_S = 120.0
 
 
 def replica_names(count: int) -> list[str]:
@@ -149,7 +156,8 @@ class Launcher:
             time.sleep(0.2)
 
     def alive(self) -> bool:
-        return self.failure is None
+        """Worth waiting for the services: none failed for good and the run is not being stopped."""
+        return self.failure is None and not self.stop.is_set()
 
     def dead_child(self) -> str | None:
         """Why a child died, looking again right now (the watcher polls only every 0.2 s)."""
@@ -203,7 +211,15 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         from controller.state import resolve_resume
         cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
     launcher = Launcher(cfg)
-    with StopOnSignal(launcher.stop, on_first=launcher.shutdown) as signals:
+    finished = threading.Event()
+
+    def stop_services_once_checkpointed() -> None:
+        print("rlfleet: stopping; checkpointing the last finished step first (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+        if not finished.wait(STOP_GRACE_S):
+            launcher.shutdown()
+
+    with StopOnSignal(launcher.stop, on_first=stop_services_once_checkpointed) as signals:
         try:
             addresses = launcher.start_services()
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
@@ -219,6 +235,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             raise
         finally:
             launcher.shutdown()
+            finished.set()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)

@@ -1,4 +1,5 @@
-"""Train is idempotent by (step, expected version), so the controller may retry a call that timed out.
+"""Train is idempotent by (step, expected version), so the controller may retry a call that timed out;
+a learner that restarted behind the controller gets advice that fits the run's checkpoints.
 
 The real learner on the tiny model behind an in-process gRPC server; the controller side is the
 loop's own Recovery driving a real LearnerClient.
@@ -15,6 +16,7 @@ import torch
 from controller.clients import LearnerClient
 from controller.loop import GRPOLoop
 from rlfleet.config import JobConfig
+from rlfleet.errors import RlfleetError
 from rlfleet.proto.v1 import common_pb2, learner_pb2_grpc
 from rlfleet.types import TrainBatch, TrainSample
 from tests.service.servicer_harness import TIMEOUT, code_of, details_of
@@ -95,3 +97,22 @@ def test_a_train_call_that_timed_out_is_retried_and_applied_once(learner_server)
     assert failed and "DEADLINE_EXCEEDED" in failed[0]["error"], loop.recovery.events
     assert time.monotonic() - started < 30
     assert any(not torch.equal(before[n], w) for n, w in weights(core).items())  # it did train, once
+
+
+def test_after_a_learner_restart_resume_is_suggested_only_when_a_checkpoint_exists(learner_server):
+    """The learner restarted fresh (version 0) under a controller at version 2 with no batch to replay:
+    the run cannot go on. Resuming is the advice only if the run wrote a checkpoint to resume from."""
+    client = LearnerClient(learner_server.server.address, timeout_s=30, connect_timeout_s=10)
+    loop = GRPOLoop(JobConfig(), source=None, rollout=None, reward=None, learner=client, writer=None,
+                    stop=threading.Event())
+    try:
+        with pytest.raises(RlfleetError) as info:
+            loop.recovery.resync(2)
+        message = str(info.value)
+        assert "restarted at policy version 0, the controller is at 2" in message
+        assert "no checkpoint to resume from" in message and "controller.resume=latest" not in message, message
+        loop.checkpointed_step = 1
+        with pytest.raises(RlfleetError, match=r"controller.resume=latest \(continues from step 1\)"):
+            loop.recovery.resync(2)
+    finally:
+        client.close()
