@@ -58,10 +58,11 @@ class Child:
                 f"(full output: {self.stderr_path})")
 
 
-# After Ctrl-C/SIGTERM the services stay up while the controller checkpoints the last finished step
-# (controller/loop.py); this long at most, should the controller be stuck in a call. A second
+# After Ctrl-C/SIGTERM the services stay up while the controller finishes its step and checkpoints
+# it (controller/loop.py); this long at most, should the controller be stuck in a call. A 7B model's
+# checkpoint (weights and Adam state, ~70 GB, written then hashed) takes about two minutes. A second
 # Ctrl-C stops everything at once.
-STOP_GRACE_S = 120.0
+STOP_GRACE_S = 300.0
 
 
 def replica_names(count: int) -> list[str]:
