@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -78,12 +78,15 @@ class GRPOLoop:
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s)
         self._start_step, self._start_version = 0, 0
+        # the newest step with a checkpoint: where controller.resume=latest goes back to
+        self.checkpointed_step = 0
         if resume is not None:
             self._restore(resume)
 
     def _restore(self, state: ControllerState) -> None:
         """Continues after the checkpoint of `state.step`: its prompts not yet trained go first."""
         self._start_step, self._start_version = state.step, state.policy_version
+        self.checkpointed_step = state.step
         self.step, self._seq, self._rollout_version = state.step, state.seq, state.policy_version
         for dispatch in state.dispatches(self.source.prompts):
             self._requeue.append(dispatch)
@@ -173,11 +176,12 @@ class GRPOLoop:
             return len(self._buffer)
 
     # ---- training side ------------------------------------------------------------------------
-    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], int, int]:
+    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], Counter[str]]:
         """Waits for B fresh groups; stale ones, and (dynamic sampling) groups whose rewards are all
-        equal, are dropped and their admission slots given back, so generation makes up for them."""
+        equal, are dropped and their admission slots given back, so generation makes up for them.
+        Returns the batch and how many groups were dropped, by reason (stale, unusable, filtered)."""
         batch: list[ScoredGroup] = []
-        dropped = filtered = 0
+        dropped: Counter[str] = Counter()
         filter_limit = self.samples.filter_limit(self.B)
         with self._cond:
             while len(batch) < self.B:
@@ -198,23 +202,23 @@ class GRPOLoop:
                 _, _, group = heapq.heappop(self._buffer)
                 usable = len(group.scored()) >= 2
                 if not (self.gate.is_fresh(group.version, train_version) and usable):
-                    dropped += 1
-                    self._drop(group, "unusable" if usable is False else "stale", train_version)
+                    self._drop(group, "unusable" if usable is False else "stale", train_version, dropped)
                 elif not self.samples.keep(group):
-                    filtered += 1
-                    self._drop(group, "filtered", train_version)
-                    if filter_limit is not None and filtered > filter_limit:
-                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal "
-                                           "rewards in one step; the task is solved or unsolvable for "
-                                           "this policy (raise algorithm.max_gen_batches, 0 never gives up)")
+                    self._drop(group, "filtered", train_version, dropped)
+                    if filter_limit is not None and dropped["filtered"] > filter_limit:
+                        raise RlfleetError(f"dynamic sampling dropped {dropped['filtered']} groups with "
+                                           "equal rewards in one step; the task is solved or unsolvable "
+                                           "for this policy (raise algorithm.max_gen_batches, 0 never "
+                                           "gives up)")
                 else:
                     batch.append(group)
                     continue
                 self._admitted -= 1
                 self._cond.notify_all()
-        return batch, dropped, filtered
+        return batch, dropped
 
-    def _drop(self, group: ScoredGroup, reason: str, train_version: int) -> None:
+    def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
+        dropped[reason] += 1
         self._live.pop(group.seq, None)
         self._note("dropped", seq=group.seq, reason=reason, version=group.version,
                    train_version=train_version)
@@ -223,6 +227,32 @@ class GRPOLoop:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
         self.recovery.call_learner(lambda: self.learner.save_checkpoint(step), version)
         save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+
+    def _checkpoint_on_stop(self, version: int) -> None:
+        """A stopped run (Ctrl-C, SIGTERM, a service gone for good) keeps its progress: the last
+        finished step is checkpointed unless it already is, so controller.resume=latest continues
+        from it whatever learner.checkpoint_every is. Once, with no retries: the learner may be
+        the reason the run stops. Skipped when the learner does not hold this step's version (the
+        stop came between a step's Train and its bookkeeping, or the learner restarted)."""
+        step = self.step
+        if step <= self.checkpointed_step:
+            return
+        try:
+            status = self.learner.status()
+            if not status.ready or status.policy_version != version:
+                log.warning("stopped; no checkpoint of the last step: the learner does not hold its version",
+                            step=step, version=version, learner_version=status.policy_version)
+                return
+            self.learner.save_checkpoint(step)
+        except RlfleetError as exc:
+            log.warning("stopped; could not checkpoint the last step", step=step, error=str(exc)[:300])
+            return
+        save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+        self._note("checkpointed_on_stop", step=step, version=version)
+        log.warning(f"stopped after step {step}; checkpoint written: controller.resume=latest "
+                    "continues from it")
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
@@ -243,13 +273,13 @@ class GRPOLoop:
             for step in range(self._start_step + 1, cc.max_steps + 1):
                 structlog.contextvars.bind_contextvars(step=step, policy_version=version)
                 step_start = time.perf_counter()
-                groups, dropped, filtered = self._take_batch(version)
+                groups, dropped = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
                 samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
                 batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
                                    expected_version=version)
-                result = self.recovery.call_learner(lambda b=batch: self.learner.train(b), version)
+                result = self.recovery.train(batch)  # retried only because Train is idempotent
                 self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
                 with self._cond:
@@ -264,7 +294,8 @@ class GRPOLoop:
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
-                metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
+                metrics.update(sample_metrics,
+                               **{"dynamic_sampling/filtered_groups": float(dropped["filtered"])})
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
@@ -279,6 +310,9 @@ class GRPOLoop:
                     self._checkpoint(step, version)
                 if self.on_step is not None:
                     self.on_step(metrics)
+        except Stopped:
+            self._checkpoint_on_stop(version)
+            raise
         finally:
             self.stop.set()
             with self._cond:

@@ -70,16 +70,6 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
              if filtered else ""),
           flush=True)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
-    resume = None
-    if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
-        state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume)
-        resume = load_state(state_file)
-        restore_source(source, resume.source)
-        for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
-            truncate_jsonl(cfg.run.dir / name, resume.step)
-        log.info("resuming", step=resume.step, policy_version=resume.policy_version,
-                 checkpoint=str(checkpoint),
-                 requeued=sum(len(d["members"]) for d in resume.requeue))
     evaluator = PeriodicEval.from_config(cfg, tokenizer, max_prompt)
 
     loop_ref: list[GRPOLoop] = []
@@ -117,13 +107,12 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
             for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
                 truncate_jsonl(cfg.run.dir / name, resume.step)
             log.info("resuming", step=resume.step, policy_version=resume.policy_version,
-                     checkpoint=checkpoint,
-                     requeued=sum(len(d["members"]) for d in resume.requeue))
+                     checkpoint=checkpoint, requeued=sum(len(d["members"]) for d in resume.requeue))
         if resume is not None and learner.status().policy_version != resume.policy_version:
             raise CheckpointError(f"the learner at {learner.address} holds policy version "
                                   f"{learner.status().policy_version}, the checkpoint of step "
-                                  f"{resume.step} has "
-                                  f"{resume.policy_version}: start it with learner.resume_from={checkpoint}")
+                                  f"{resume.step} has {resume.policy_version}: start it with "
+                                  f"learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
         try:

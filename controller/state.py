@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import CheckpointError
+
+log = structlog.get_logger(__name__)
 
 FOLDER = "controller_state"
 FORMAT = 1
@@ -118,22 +122,43 @@ def resume_folder(run_dir: Path, spec: str) -> Path:
     return run_dir
 
 
+def has_state(run_dir: Path, step: int) -> bool:
+    """Whether run_dir holds a controller state of `step` that loads."""
+    try:
+        load_state(state_path(run_dir, step))
+    except CheckpointError:
+        return False
+    return True
+
+
 def resolve_resume(run_dir: Path, spec: str, learner_checkpoints: Mapping[int, str]) -> tuple[Path, str]:
     """`latest` or a `.../checkpoints/step_N` folder (or a controller_state/step_N.json) -> the
-    controller state file and the learner checkpoint of that step, both complete.
+    controller state file and the learner checkpoint of that step.
 
-    `learner_checkpoints`: the learner's complete checkpoints by step, as the learner reports them
-    (LearnerClient.checkpoints): the controller never reads the learner's files."""
+    `learner_checkpoints`: the learner's checkpoints a resume can take, by step, as the learner reports
+    them (LearnerClient.checkpoints: complete and passing their sha256 digests, see
+    services/learner/checkpoint.resumable_checkpoints): the controller never reads the learner's files.
+    `latest` is the newest step with one of them and a controller state that loads; a state file that
+    does not load is passed over with a warning."""
     if spec == "latest":
         steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json"))
                         if s is not None),
                        reverse=True)
+        rejected: list[str] = []
         for step in steps:
-            if step in learner_checkpoints:
-                return state_path(run_dir, step), learner_checkpoints[step]
+            if step not in learner_checkpoints:
+                continue  # no learner checkpoint of that step, or a damaged one (the learner warned)
+            try:
+                load_state(state_path(run_dir, step))
+            except CheckpointError as exc:
+                rejected.append(str(exc))
+                log.warning(f"{exc}; resuming from an earlier checkpoint instead")
+                continue
+            return state_path(run_dir, step), learner_checkpoints[step]
         raise CheckpointError(f"nothing to resume in {run_dir}: no step with both {FOLDER}/step_N.json and "
-                              f"a complete learner checkpoint step_N (the learner has steps "
-                              f"{sorted(learner_checkpoints) or 'none'})")
+                              f"an intact learner checkpoint step_N (the learner has steps "
+                              f"{sorted(learner_checkpoints) or 'none'})"
+                              + (f"; {'; '.join(rejected)}" if rejected else ""))
     given = Path(spec)
     step = _step_of(given) if given.suffix == ".json" else (
         int(given.name.removeprefix("step_")) if given.name.removeprefix("step_").isdigit() else None)

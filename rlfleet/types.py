@@ -88,13 +88,16 @@ class TrainBatch:
     step: int
     samples: list[TrainSample]
     temperature: float = 1.0
-    expected_version: int = -1  # -1: do not check
+    # The learner's version before this step. With it a repeated step returns its stored result instead
+    # of training again (services/learner/step_results.py). -1: no check (direct callers; RPC refuses it).
+    expected_version: int = -1
 
 
 @dataclass(frozen=True)
 class TrainResult:
     policy_version: int  # version after this optimizer step
     metrics: dict[str, float]
+    repeated: bool = False  # a repeat of a step already applied: this is its stored result
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
+        # First, so a damaged or missing checkpoint is reported before a model load of minutes.
+        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
         import torch
@@ -71,9 +73,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens,
                           total_steps=cfg.controller.max_steps)
-        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
-            restore_learner(learner, checkpoint)
+            restore_learner(learner, checkpoint, verified=True)
         servicer.attach(learner, restored_from=checkpoint)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
@@ -87,7 +88,6 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
     from rlfleet.logging import setup_logging
     from rlfleet.proto.v1 import learner_pb2_grpc
     from rlfleet.rpc.service_main import run_service
-    from services.learner.checkpoint import resolve_checkpoint
     from services.learner.distributed import LearnerFront, exit_learner_world, init_learner_world
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
     from services.learner.worker_loop import build_sharded_learner, follow
@@ -104,7 +104,7 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
                           cfg.run.dir / "logs" / f"{name}-rank{world.rank}.log", run=cfg.run.name)
             if cfg.run.threads_per_service:
                 torch.set_num_threads(cfg.run.threads_per_service)
-            learner = build_sharded_learner(cfg, world)
+            learner, _ = build_sharded_learner(cfg, world)
             structlog.get_logger(__name__).info("following rank 0", rank=world.rank,
                                                 world_size=world.world_size)
             follow(learner, world)
@@ -114,10 +114,9 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
             front: list[LearnerFront] = []
 
             def load() -> None:
-                front.append(LearnerFront(build_sharded_learner(cfg, world), world))
-                # the checkpoint build_sharded_learner restored (nothing has written a newer one yet)
-                servicer.attach(front[0], restored_from=resolve_checkpoint(cfg.run.dir / "checkpoints",
-                                                                           cfg.learner.resume_from))
+                learner, restored_from = build_sharded_learner(cfg, world)
+                front.append(LearnerFront(learner, world))
+                servicer.attach(front[0], restored_from=restored_from)
 
             try:
                 run_service("learner", cfg, cfg.learner, [SERVICE_NAME],

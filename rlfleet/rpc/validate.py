@@ -110,8 +110,12 @@ def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
     _count(len(request.samples), limits.max_train_samples, "train samples", "max_train_samples")
     if request.step < 0:
         raise InvalidRequest(f"step must be >= 0, got {request.step}")
-    if request.HasField("expected_version") and request.expected_version < -1:
-        raise InvalidRequest(f"expected_version must be >= 0 (or unset), got {request.expected_version}")
+    # Required: it keys the step, so a retried Train returns the stored result instead of training twice.
+    if not request.HasField("expected_version") or request.expected_version < 0:
+        got = request.expected_version if request.HasField("expected_version") else "unset"
+        raise InvalidRequest("expected_version must be the learner's policy version before this step (>= "
+                             "0), got "
+                             f"{got}: without it a retried Train could train twice")
     _temperature(request.temperature, "0 means 1.0")
     for i, s in enumerate(request.samples):
         check_sample_shape(i, s)

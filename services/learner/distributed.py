@@ -194,6 +194,9 @@ class LearnerFront:
         validate_samples(batch.samples, self.learner.max_seq_len)
         with self._serial():
             self._check()
+            repeat = self.learner.step_results.lookup(batch)  # before the other ranks hear of it
+            if repeat is not None:
+                return repeat
             if batch.expected_version >= 0 and batch.expected_version != self.learner.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.learner.version}")

@@ -231,15 +231,17 @@ class ShardedLearner(Learner):
             dist.barrier()  # the others return once the checkpoint exists
             return path
 
-    def restore(self, path: Path) -> dict[str, Any]:
-        """Loads a checkpoint written by save_checkpoint (on every rank: each keeps its shard)."""
+    def restore(self, path: Path, verified: bool = False) -> dict[str, Any]:
+        """Loads a checkpoint written by save_checkpoint (on every rank: each keeps its shard).
+        `verified`: resolve_checkpoint already checked its files against their digests."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint import state_dict as dcp
 
         from rlfleet.errors import CheckpointError
-        from services.learner.checkpoint import OPTIMIZER, TRAINER_STATE, set_rng_state, verify_checkpoint
+        from services.learner.checkpoint import (OPTIMIZER, TRAINER_STATE, read_meta, set_rng_state,
+                                                 verify_checkpoint)
 
-        meta = verify_checkpoint(path)
+        meta = read_meta(path) if verified else verify_checkpoint(path)
         with self._lock:
             state: dict[str, torch.Tensor] = {}
             for shard in sorted(p for p in path.glob("*.safetensors") if not p.name.startswith("adapter_")):
@@ -263,6 +265,7 @@ class ShardedLearner(Learner):
                     set_rng_state(trainer["rng"])
             self.version = int(meta.get("policy_version", meta["step"]))
             self.step = int(meta["step"])
+            self.step_results.clear()
         return meta
 
 

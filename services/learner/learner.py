@@ -23,6 +23,7 @@ from services.learner.batching import validate_samples
 from services.learner.checkpoint import save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.schedule import build_lr_scheduler, warmup_steps
+from services.learner.step_results import StepResults
 from services.learner.update import build_policy_update
 
 log = structlog.get_logger(__name__)
@@ -65,6 +66,7 @@ class Learner:
         self.version = 0
         self.step = 0
         self._lock = threading.Lock()  # a train step and a weight push never overlap
+        self.step_results = StepResults()  # a repeated Train gets its stored result (Train is retried)
         self._group: WeightGroup | None = None
         self._sender: WeightSender | None = None
 
@@ -72,6 +74,11 @@ class Learner:
     def train(self, batch: TrainBatch) -> TrainResult:
         validate_samples(batch.samples, self.max_seq_len)
         with self._lock:
+            repeat = self.step_results.lookup(batch)
+            if repeat is not None:
+                log.warning("train step repeated; returning its stored result, training nothing",
+                            step=batch.step, expected_version=batch.expected_version)
+                return repeat
             if batch.expected_version >= 0 and batch.expected_version != self.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.version}")
@@ -81,7 +88,9 @@ class Learner:
             self.version += 1
             self.step = batch.step
             metrics["timing/learner_step_s"] = time.perf_counter() - start
-            return TrainResult(policy_version=self.version, metrics=metrics)
+            result = TrainResult(policy_version=self.version, metrics=metrics)
+            self.step_results.record(batch, result)
+            return result
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
         cfg = self.cfg

@@ -11,7 +11,7 @@ from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
 from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
-from services.learner.checkpoint import complete_checkpoints, read_meta
+from services.learner.checkpoint import read_meta, resumable_checkpoints
 from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
@@ -59,7 +59,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
-        self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
+        if not result.repeated:  # a repeat trained nothing
+            self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
 
     @rpc_method
@@ -91,7 +92,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     @rpc_method
     def ListCheckpoints(self, request, context):
         learner = self._ready()
-        found = complete_checkpoints(learner.checkpoint_dir)
+        # The newest checkpoint that passes its digests (damaged newer ones left out, with a warning).
+        found = resumable_checkpoints(learner.checkpoint_dir, known_good=self.restored_from)
         reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
             learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
         if self.restored_from is not None:

@@ -135,8 +135,9 @@ def valid_requests() -> dict[str, object]:
         "GetStatus": common_pb2.GetStatusRequest(),
         "Score": reward_pb2.ScoreRequest(items=[
             reward_pb2.ScoreItem(id="a", data_source="custom", response="4", ground_truth="4")]),
-        "Train": learner_pb2.TrainRequest(step=1, temperature=1.0, samples=[learner_pb2.TrainSample(
-            prompt_ids=[6, 7], response_ids=[9, 2], behaviour_logprobs=[-4.0, -4.0], advantage=1.0)]),
+        "Train": learner_pb2.TrainRequest(step=1, temperature=1.0, expected_version=0, samples=[
+            learner_pb2.TrainSample(prompt_ids=[6, 7], response_ids=[9, 2], behaviour_logprobs=[-4.0, -4.0],
+                                    advantage=1.0)]),
         "OpenWeightGroup": learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=0.2),
         "PushWeights": learner_pb2.PushWeightsRequest(version=10**6),
         "SaveCheckpoint": learner_pb2.SaveCheckpointRequest(step=-1),
@@ -236,7 +237,10 @@ def test_fuzzed_requests_are_refused_and_the_service_keeps_serving(fuzz_servers,
             assert stub.Score(seeds["Score"], timeout=30).results[0].score == 1.0
         else:
             before = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10).policy_version
-            assert stub.Train(seeds["Train"], timeout=30).policy_version == before + 1
+            request = learner_pb2.TrainRequest()
+            request.CopyFrom(seeds["Train"])
+            request.step, request.expected_version = 10**6, before  # a step the fuzz cannot have applied
+            assert stub.Train(request, timeout=30).policy_version == before + 1
         assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10).in_flight == 0
 
 
@@ -266,8 +270,8 @@ def test_named_bad_inputs_get_their_codes(fuzz_servers):
         fields = {"prompt_ids": [6, 7], "response_ids": [9, 2], "behaviour_logprobs": [-4.0, -4.0],
                   "advantage": 1.0}
         fields.update(sample)
-        return lambda: learner.Train(
-            learner_pb2.TrainRequest(step=1, samples=[learner_pb2.TrainSample(**fields)]), timeout=30)
+        return lambda: learner.Train(learner_pb2.TrainRequest(step=1, expected_version=0, samples=[
+            learner_pb2.TrainSample(**fields)]), timeout=30)
 
     def join(**fields):
         request = {"address": "127.0.0.1:1", "rank": 1, "world_size": 2, "backend": "gloo", "timeout_s": 0.2}

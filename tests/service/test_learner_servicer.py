@@ -29,7 +29,7 @@ from tests.service.servicer_harness import (
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
-def train_request(step: int = 1, expected_version: int = -1, logprobs: list[float] | None = None
+def train_request(step: int = 1, expected_version: int = 0, logprobs: list[float] | None = None
                   ) -> learner_pb2.TrainRequest:
     samples = [
         learner_pb2.TrainSample(prompt_ids=[6, 7, 41, 8, 45], response_ids=[9, 2],
@@ -83,7 +83,7 @@ def test_learner_rejects_bad_samples(learner_server):
     assert "behaviour_logprobs" in details_of(lambda: stub.Train(mismatched, timeout=TIMEOUT))
     empty = learner_pb2.TrainRequest(step=1, expected_version=-1)
     assert code_of(lambda: stub.Train(empty, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
-    too_long = learner_pb2.TrainRequest(step=1, expected_version=-1, samples=[learner_pb2.TrainSample(
+    too_long = learner_pb2.TrainRequest(step=1, expected_version=0, samples=[learner_pb2.TrainSample(
         prompt_ids=[5] * 120, response_ids=[6] * 10, behaviour_logprobs=[-1.0] * 10, advantage=1.0)])
     assert code_of(lambda: stub.Train(too_long, timeout=TIMEOUT)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).policy_version == 0
@@ -122,6 +122,19 @@ def test_learner_lists_its_checkpoints_for_a_resuming_controller(learner_server,
         assert client.checkpoints() == {1: first, 3: str(other_run)}
     finally:
         client.close()
+
+
+def test_learner_leaves_a_damaged_checkpoint_out_of_the_list(learner_server):
+    """controller.resume=latest takes the newest checkpoint that passes its sha256 digests: one
+    damaged in place (same size) is not offered, the one before it is."""
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    first = stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path
+    newest = Path(stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=2), timeout=TIMEOUT).path)
+    with open(newest / "model.safetensors", "r+b") as fh:
+        fh.seek(fh.seek(0, 2) // 2)
+        fh.write(b"\xff" * 64)
+    reply = stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT)
+    assert [(c.step, c.path) for c in reply.checkpoints] == [(1, first)]
 
 
 def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import torch
 
 from controller.journal import Journal, audit
@@ -25,7 +26,9 @@ from rlfleet.config import LearnerConfig
 from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import CheckpointError
 from rlfleet.types import TrainBatch, TrainSample
-from services.learner.checkpoint import latest_checkpoint, resolve_checkpoint, restore_learner
+from rlfleet.app.launch import local_learner_checkpoints
+from services.learner.checkpoint import (latest_checkpoint, resolve_checkpoint, restore_learner,
+                                         resumable_checkpoints)
 from services.learner.learner import Learner
 
 pytestmark = pytest.mark.unit
@@ -186,3 +189,66 @@ def test_lr_schedule_reaches_the_optimizer_and_survives_resume(tiny_model_dir: P
     restore_learner(b, path)
     seen += [b.train(batch(step, step - 1)).metrics["actor/lr"] for step in (4, 5, 6)]
     assert seen == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 7.5e-3, 5e-3, 2.5e-3])
+
+
+def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
+    """Damages `count` bytes in place: the size stays what meta.json recorded."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(count)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_a_checkpoint_damaged_in_place_is_refused_and_latest_falls_back(tiny_model_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    core = make(tiny_model_dir, ckpt)
+    core.train(batch(1, 0))
+    good = core.save_checkpoint(1)
+    core.train(batch(2, 1))
+    newest = core.save_checkpoint(2)
+    weights = newest / "model.safetensors"
+    size = weights.stat().st_size
+    flip_bytes(weights, size // 2)  # inside the tensor data: safetensors itself still loads it
+    assert weights.stat().st_size == size
+    with pytest.raises(CheckpointError, match=r"content of model.safetensors changed"):
+        restore_learner(make(tiny_model_dir, ckpt), newest)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        resolve_checkpoint(ckpt, str(newest))  # named explicitly: refused, no silent substitute
+    with structlog.testing.capture_logs() as logs:
+        assert resolve_checkpoint(ckpt, "latest") == good and resolve_checkpoint(ckpt, "auto") == good
+    assert any("step_2" in e["event"] and "model.safetensors" in e["event"] for e in logs), logs
+    restored = make(tiny_model_dir, ckpt)
+    assert restore_learner(restored, good, verified=True)["step"] == 1 and restored.version == 1
+    flip_bytes(good / "optimizer.pt", 0, 16)  # every checkpoint damaged: an error, not a fresh start
+    with pytest.raises(CheckpointError, match="no usable checkpoint.*step_2.*step_1"):
+        resolve_checkpoint(ckpt, "auto")
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_good_one(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    core = make(tiny_model_dir, run / "checkpoints")
+    source = source_state(PromptSource(prompts(5)))
+    for step in (1, 2):
+        core.train(batch(step, step - 1))
+        core.save_checkpoint(step)
+        save_state(run, ControllerState(step, step, 4 * step, source, []))
+    with open(run / "checkpoints" / "step_2" / "optimizer.pt", "r+b") as fh:
+        fh.truncate(100)
+    with structlog.testing.capture_logs() as logs:
+        # controller.resume=latest under `rlfleet run`: the newest GOOD step, read before the learner starts
+        state_file, ckpt = resolve_resume(run, "latest", local_learner_checkpoints(run, "latest"))
+    assert (state_file, ckpt) == (run / "controller_state" / "step_1.json",
+                                  str(run / "checkpoints" / "step_1"))
+    assert any("step_2" in e["event"] and "optimizer.pt has 100 bytes" in e["event"] for e in logs), logs
+    assert resolve_checkpoint(run / "checkpoints",
+                              "latest") == Path(ckpt)  # the learner's own `latest` agrees
+    # what the learner reports to a resuming controller (ListCheckpoints): the damaged step left out
+    assert resumable_checkpoints(run / "checkpoints") == {1: Path(ckpt)}
+    with pytest.raises(CheckpointError, match="optimizer.pt has 100 bytes"):  # named: the learner refuses it
+        resolve_checkpoint(run / "checkpoints", str(run / "checkpoints" / "step_2"))
+    (run / "controller_state" / "step_1.json").write_text("{")  # now no step is whole
+    with pytest.raises(CheckpointError, match="nothing to resume.*step_1.json is unreadable"):
+        resolve_resume(run, "latest", local_learner_checkpoints(run, "latest"))

@@ -136,9 +136,9 @@ def test_take_batch_gives_back_admission_slots_of_filtered_and_stale_groups() ->
     _buffer(loop, [group([1.0, 0.0], version=0, seq=0), group([1.0, 1.0], version=1, seq=1),
                    group([0.5, 0.5], version=1, seq=2), group([1.0, 0.0], version=2, seq=3),
                    group([0.0, 1.0], version=2, seq=4), group([1.0, 0.0], version=2, seq=5)])
-    batch, dropped, filtered = loop._take_batch(train_version=2)
+    batch, dropped = loop._take_batch(train_version=2)
     assert [g.seq for g in batch] == [3, 4]
-    assert (dropped, filtered) == (1, 2)
+    assert dropped == {"stale": 1, "filtered": 2}
     assert loop._admitted == 6 - 3  # the three dropped gave their slots back; one group is still buffered
     assert len(loop._buffer) == 1
 

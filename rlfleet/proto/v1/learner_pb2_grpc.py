@@ -71,7 +71,9 @@ class LearnerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Train(self, request, context):
-        """One optimizer step on a batch of scored samples.
+        """One optimizer step on a batch of scored samples. Idempotent: a repeat of a
+        (step, expected_version) already applied returns the stored result and trains
+        nothing, so a call that timed out may be retried.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,8 +101,9 @@ class LearnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCheckpoints(self, request, context):
-        """The complete checkpoints the learner can resume from, so a controller resuming a run never
-        reads the learner's files (it may run on another machine).
+        """The checkpoints a resuming controller can continue from, so it never reads the learner's files
+        (it may run on another machine): the newest one that passes its sha256 digests, and the one
+        the learner started from.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
