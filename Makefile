@@ -35,8 +35,10 @@ test: $(STAMP) $(VLLM_STAMP)
 proto: $(STAMP)
 	$(PY) -m rlfleet.proto.generate
 
+# ruff, then the import contracts of pyproject's [tool.importlinter] (core, roles, composition root).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

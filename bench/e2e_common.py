@@ -37,11 +37,13 @@ def build_model_dir(shape: str, cache_dir: Path, device: str, seed: int = 0) -> 
     tok = build_tokenizer()
     tok.model_max_length = 32768
     assert len(tok) <= vocab, (len(tok), vocab)
-    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=True,
                       max_position_embeddings=32768, rms_norm_eps=1e-6,
                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id,
                       dtype="bfloat16")
     torch.manual_seed(seed)
     build_on = torch.device("cuda" if device == "cuda" and torch.cuda.is_available() else "cpu")
@@ -101,19 +103,23 @@ class ArmResult:
         samples = sum(s.samples for s in done)
         tokens = sum(s.gen_tokens for s in done)
         return {"steps": len(done), "wall_s": wall, "samples": samples, "gen_tokens": tokens,
-                "samples_per_s": samples / wall, "gen_tokens_per_s": tokens / wall, "s_per_step": wall / len(done),
+                "samples_per_s": samples / wall, "gen_tokens_per_s": tokens / wall,
+                "s_per_step": wall / len(done),
                 "mean_len": tokens / max(samples, 1),
                 "reward": sum(s.extra.get("reward", 0.0) for s in done) / len(done)}
 
 
 def format_table(results: list[ArmResult], warmup: int) -> str:
-    head = ("arm", "steps", "wall s", "s/step", "samples/s", "gen tok/s", "mean len", "reward", "total s", "vs TRL")
+    head = ("arm", "steps", "wall s", "s/step", "samples/s", "gen tok/s", "mean len", "reward", "total s",
+            "vs TRL")
     rows = []
-    ref = next((r.measured(warmup).get("gen_tokens_per_s") for r in results if r.name.startswith("trl")), None)
+    ref = next((r.measured(warmup).get("gen_tokens_per_s") for r in results
+                if r.name.startswith("trl")), None)
     for r in results:
         m = r.measured(warmup)
         if not m:
-            rows.append((r.name, "-", "-", "-", "-", "-", "-", "-", f"{r.total_s:.1f}", r.error[:60] or "no steps"))
+            rows.append((r.name, "-", "-", "-", "-", "-", "-", "-", f"{r.total_s:.1f}",
+                         r.error[:60] or "no steps"))
             continue
         ratio = f"{m['gen_tokens_per_s'] / ref:.2f}x" if ref else "-"
         ratio += " (partial)" if r.error else ""

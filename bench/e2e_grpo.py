@@ -1,7 +1,7 @@
 """End-to-end GRPO throughput: rlfleet asynchronous vs rlfleet synchronous vs TRL's GRPOTrainer.
 
 The same job three ways, one after the other, in one invocation:
-  (a) rlfleet-async   `python -m rlfleet.cli run`, rollout on GPU --rollout-gpu, learner on GPU
+  (a) rlfleet-async   `python -m rlfleet.app.cli run`, rollout on GPU --rollout-gpu, learner on GPU
                       --learner-gpu (weights over NCCL), controller.max_staleness=--staleness (1)
   (b) rlfleet-sync    the same with controller.max_staleness=0 (on-policy, no overlap)
   (c) trl             trl.GRPOTrainer on GPU --trl-gpu, transformers generate (no vLLM)
@@ -29,10 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import e2e_rlfleet, e2e_trl
-from bench.e2e_common import SHAPES, build_model_dir, format_table, max_prompt_tokens, write_prompts
+from bench import e2e_rlfleet, e2e_trl  # noqa: E402 - after the sys.path insert above
+from bench.e2e_common import (  # noqa: E402
+    SHAPES,
+    build_model_dir,
+    format_table,
+    max_prompt_tokens,
+    write_prompts,
+)
 
-# shape -> defaults: prompts per step, group size, max new tokens, measured steps, warm-up steps, micro-batch seqs
+# shape -> defaults: prompts per step, group size, max new tokens, measured steps, warm-up steps, micro-batch
+# seqs
 DEFAULTS = {"0.5b": (32, 8, 256, 10, 2, 32), "tiny": (8, 4, 32, 5, 2, 16)}
 ARMS = ("async", "sync", "trl")
 
@@ -49,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, help="steps excluded from the measurement (>= 1)")
     p.add_argument("--micro-batch-seqs", type=int, help="sequences per learner micro-batch (TRL: per-device "
                    "batch; rlfleet: learner.micro_batch_tokens = this x (longest prompt + max new tokens))")
-    p.add_argument("--prompts-per-request", type=int, default=0, help="rlfleet controller.prompts_per_request; "
+    p.add_argument("--prompts-per-request", type=int, default=0,
+                   help="rlfleet controller.prompts_per_request; "
                    "0: prompts per step (one Generate call per step, like TRL's one generate call)")
     p.add_argument("--staleness", type=int, default=1, help="controller.max_staleness of the async arm")
     p.add_argument("--lr", type=float, default=1e-6)
@@ -59,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learner-gpu", type=int, default=1)
     p.add_argument("--trl-gpu", type=int, default=0)
     p.add_argument("--work-dir", default="/tmp/rlfleet-e2e-grpo")
-    p.add_argument("--cache-dir", default=None, help="where the model folder is built; default WORK_DIR/models")
+    p.add_argument("--cache-dir", default=None,
+                   help="where the model folder is built; default WORK_DIR/models")
     p.add_argument("--arm-timeout-s", type=float, default=200.0, help="an arm still running then is stopped "
                    "and measured over the steps it finished")
     p.add_argument("--rlfleet-override", action="append", default=[], metavar="KEY=VALUE",
@@ -97,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     micro_batch_tokens = args.micro_batch_seqs * (prompt_len + args.max_new_tokens)
     print(f"model {model_dir} ({args.shape}) and {len(rows)} prompts (longest {prompt_len} tokens) ready in "
           f"{time.perf_counter() - t:.1f}s", flush=True)
-    print(f"job: {args.prompts_per_step} prompts x {args.n} samples per step, {args.max_new_tokens} new tokens, "
+    print(f"job: {args.prompts_per_step} prompts x {args.n} samples per step, {args.max_new_tokens} new "
+          "tokens, "
           f"{args.warmup_steps} warm-up + {args.steps} measured steps, lr {args.lr}, micro-batch "
           f"{args.micro_batch_seqs} seqs ({micro_batch_tokens} tokens), device {args.device}", flush=True)
 
@@ -110,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                                      micro_batch_seqs=args.micro_batch_seqs, env=env)
         else:
             staleness = args.staleness if arm == "async" else 0
-            result = e2e_rlfleet.run_arm(args, name=f"rlfleet-{arm}", staleness=staleness, model_dir=model_dir,
+            result = e2e_rlfleet.run_arm(args, name=f"rlfleet-{arm}", staleness=staleness,
+                                         model_dir=model_dir,
                                          parquet=rows_file, micro_batch_tokens=micro_batch_tokens, env=env)
             result.name = f"rlfleet-{arm} (s={staleness})"
         status = f"error: {result.error}" if result.error else "ok"
@@ -123,14 +134,17 @@ def main(argv: list[str] | None = None) -> int:
                               if isinstance(v, (int, float)) and k != "reward"), flush=True)
         results.append(result)
 
-    print(f"\nE2E GRPO throughput, {args.shape} shape on {args.device}: {args.prompts_per_step} prompts x {args.n} "
-          f"samples/step, max {args.max_new_tokens} new tokens; measured from the end of step {args.warmup_steps} "
+    print(f"\nE2E GRPO throughput, {args.shape} shape on {args.device}: {args.prompts_per_step} prompts x "
+          f"{args.n} "
+          f"samples/step, max {args.max_new_tokens} new tokens; measured from the end of step "
+          f"{args.warmup_steps} "
           f"to the end of step {args.warmup_steps + args.steps}")
     print(format_table(results, args.warmup_steps))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": [
             {"name": r.name, "measured": r.measured(args.warmup_steps), "total_s": r.total_s, "note": r.note,
-             "error": r.error, "steps": [vars(s) for s in r.steps]} for r in results]}, indent=2, default=str))
+             "error": r.error, "steps": [vars(s) for s in r.steps]} for r in results]}, indent=2,
+             default=str))
     return 1 if any(not r.measured(args.warmup_steps) for r in results) else 0
 
 

@@ -1,4 +1,4 @@
-"""One rlfleet arm of bench/e2e_grpo.py: `python -m rlfleet.cli run ...` as a child process.
+"""One rlfleet arm of bench/e2e_grpo.py: `python -m rlfleet.app.cli run ...` as a child process.
 
 Steps are read from the run's own metrics.jsonl while it runs: each line is stamped when it
 appears (polled every 20 ms), and its samples and generated tokens come from the line itself
@@ -17,22 +17,26 @@ from pathlib import Path
 from bench.e2e_common import ArmResult, StepRecord
 
 
-def overrides(args, *, name: str, staleness: int, model_dir: Path, parquet: Path, micro_batch_tokens: int) -> list[str]:
+def overrides(args, *, name: str, staleness: int, model_dir: Path, parquet: Path,
+              micro_batch_tokens: int) -> list[str]:
     if args.device == "cuda":
         rollout_dev, learner_dev = f"cuda:{args.rollout_gpu}", f"cuda:{args.learner_gpu}"
     else:
         rollout_dev = learner_dev = "cpu"
     per_request = args.prompts_per_request or args.prompts_per_step
     return [
-        f"run.name={name}", f"run.output_dir={args.work_dir}/runs", f"run.seed={args.seed}", "run.max_restarts=0",
+        f"run.name={name}", f"run.output_dir={args.work_dir}/runs", f"run.seed={args.seed}",
+        "run.max_restarts=0",
         f"model.path={model_dir}", "model.dtype=auto",  # bf16 on CUDA, float32 on CPU
         f"data.train_files=[{parquet}]", "data.shuffle=false",
         f"rollout.device={rollout_dev}", "rollout.backend=hf", f"rollout.n={args.n}",
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         "rollout.top_k=0", f"rollout.max_batch_sequences={max(256, per_request * args.n)}",
-        f"learner.device={learner_dev}", f"learner.lr={args.lr}", f"learner.micro_batch_tokens={micro_batch_tokens}",
+        f"learner.device={learner_dev}", f"learner.lr={args.lr}",
+        f"learner.micro_batch_tokens={micro_batch_tokens}",
         "learner.betas=[0.9,0.99]", "learner.grad_clip=1.0", "learner.weight_decay=0.0",
-        f"controller.max_steps={args.warmup_steps + args.steps}", f"controller.prompts_per_step={args.prompts_per_step}",
+        f"controller.max_steps={args.warmup_steps + args.steps}",
+        f"controller.prompts_per_step={args.prompts_per_step}",
         f"controller.prompts_per_request={per_request}", f"controller.max_staleness={staleness}",
         "algorithm.name=grpo", "algorithm.kl_coef=0.0",
         *args.rlfleet_override,
@@ -57,7 +61,7 @@ def run_arm(args, *, name: str, staleness: int, model_dir: Path, parquet: Path, 
     if run_dir.exists():
         import shutil
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "rlfleet.cli", "run",
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run",
            *overrides(args, name=name, staleness=staleness, model_dir=model_dir, parquet=parquet,
                       micro_batch_tokens=micro_batch_tokens)]
     log_path = Path(args.work_dir) / f"{name}.log"

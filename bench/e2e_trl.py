@@ -34,7 +34,8 @@ def run_arm(args, *, model_dir: Path, rows_file: Path, micro_batch_seqs: int, en
     params = {"model_dir": str(model_dir), "rows_file": str(rows_file), "steps_file": str(steps_file),
               "output_dir": str(Path(args.work_dir) / "trl_out"), "cuda": cuda, "seed": args.seed,
               "n": args.n, "prompts_per_step": args.prompts_per_step, "micro_batch_seqs": micro_batch_seqs,
-              "max_new_tokens": args.max_new_tokens, "lr": args.lr, "max_steps": args.warmup_steps + args.steps,
+              "max_new_tokens": args.max_new_tokens, "lr": args.lr,
+              "max_steps": args.warmup_steps + args.steps,
               "t0": time.time()}
     params_file = Path(args.work_dir) / "trl_params.json"
     params_file.write_text(json.dumps(params))
@@ -64,7 +65,8 @@ def run_arm(args, *, model_dir: Path, rows_file: Path, micro_batch_seqs: int, en
             d = json.loads(text)
             steps.append(StepRecord(d["step"], d["t"] - params["t0"], d["samples"], d["tokens"],
                                     {"reward": d["reward"]}))
-    note = f"GRPOTrainer, {micro_batch_seqs} seqs x {args.prompts_per_step * args.n // micro_batch_seqs} accumulation"
+    accumulation = args.prompts_per_step * args.n // micro_batch_seqs
+    note = f"GRPOTrainer, {micro_batch_seqs} seqs x {accumulation} accumulation"
     return ArmResult(name, steps, total, note=note, error=error)
 
 
@@ -87,7 +89,8 @@ def child(params: dict) -> None:
         seen["tokens"] += sum(len(ids) for ids in completion_ids)
         seen["samples"] += len(completion_ids)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = [compute_score(src, text, truth) for src, text, truth in zip(data_source, texts, ground_truth)]
+        scores = [compute_score(src, text, truth)
+                  for src, text, truth in zip(data_source, texts, ground_truth)]
         seen["rewards"] += scores
         return scores
 
@@ -99,10 +102,12 @@ def child(params: dict) -> None:
             if cuda:
                 torch.cuda.synchronize()
             rewards = seen["rewards"][self.last["rewards"]:]
-            record = {"step": state.global_step, "t": time.time(), "samples": seen["samples"] - self.last["samples"],
+            record = {"step": state.global_step, "t": time.time(),
+                      "samples": seen["samples"] - self.last["samples"],
                       "tokens": seen["tokens"] - self.last["tokens"],
                       "reward": sum(rewards) / len(rewards) if rewards else 0.0}
-            self.last = {"tokens": seen["tokens"], "samples": seen["samples"], "rewards": len(seen["rewards"])}
+            self.last = {"tokens": seen["tokens"], "samples": seen["samples"],
+                         "rewards": len(seen["rewards"])}
             with open(params["steps_file"], "a") as f:
                 f.write(json.dumps(record) + "\n")
 
@@ -113,7 +118,8 @@ def child(params: dict) -> None:
         per_device_train_batch_size=micro, gradient_accumulation_steps=group // micro,
         num_generations=params["n"], max_completion_length=params["max_new_tokens"],
         temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
-        learning_rate=params["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99,
+        learning_rate=params["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9,
+        adam_beta2=0.99,
         weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch_fused" if cuda else "adamw_torch",
         beta=0.0, epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
         bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
@@ -122,9 +128,11 @@ def child(params: dict) -> None:
         shuffle_dataset=False, dataloader_num_workers=0,
     )
     tokenizer = AutoTokenizer.from_pretrained(params["model_dir"])
-    trainer = GRPOTrainer(model=params["model_dir"], reward_funcs=digits_reward, args=config, train_dataset=dataset,
+    trainer = GRPOTrainer(model=params["model_dir"], reward_funcs=digits_reward, args=config,
+                          train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepStamp()])
-    print(f"trl: device {trainer.accelerator.device}, dtype {next(trainer.model.parameters()).dtype}", flush=True)
+    print(f"trl: device {trainer.accelerator.device}, dtype {next(trainer.model.parameters()).dtype}",
+          flush=True)
     trainer.train()
 
 

@@ -47,10 +47,12 @@ def main() -> None:
     else:
         device, learner_cls = torch.device("cuda"), Learner
     h, inter, layers, heads, kv, vocab, tied = SHAPES["0.5b"]
-    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
     # One model folder for every rank (of one host): rank 0 writes it, the others wait, all load it.
-    folder = Path(tempfile.gettempdir()) / f"rlfleet-bench-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", os.getpid())
+    folder = Path(tempfile.gettempdir()) / f"rlfleet-bench-{run_id}"
     if rank == 0:
         torch.manual_seed(0)
         Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
@@ -70,7 +72,8 @@ def main() -> None:
         for i in range(args.seqs):
             prompt = torch.randint(0, vocab, (args.prompt,), generator=g).tolist()
             response = torch.randint(0, vocab, (args.response,), generator=g).tolist()
-            samples.append(TrainSample(prompt, response, [-1.0] * args.response, float(i % 2) - 0.5, step - 1))
+            samples.append(TrainSample(prompt, response, [-1.0] * args.response, float(i % 2) - 0.5,
+                                       step - 1))
         return TrainBatch(step=step, samples=samples)
 
     learner.train(batch(1))  # warm-up
@@ -84,7 +87,8 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
     tokens = args.seqs * (args.prompt + args.response)
-    row = {"world_size": world_size, "tokens_per_step": tokens, "micro_batches": metrics["learner/micro_batches"],
+    row = {"world_size": world_size, "tokens_per_step": tokens,
+           "micro_batches": metrics["learner/micro_batches"],
            "step_s": step_s, "tokens_per_s": tokens / step_s,
            "peak_mem_gb_rank0": torch.cuda.max_memory_allocated() / 1e9, "pg_loss": metrics["actor/pg_loss"]}
     if rank == 0:

@@ -24,14 +24,14 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >/dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-  rlfleet() { python3 -m rlfleet.cli "$@"; }
+  rlfleet() { python3 -m rlfleet.app.cli "$@"; }
 }
 
 collect() {  # what comes back: at most 8 files
   cp "$run_dir/metrics.jsonl" "$out/" 2>/dev/null
   tail -c 15000000 "$run_dir/samples/val.jsonl" > "$out/val_samples.jsonl" 2>/dev/null
   tar czf "$out/logs.tgz" -C "$run_dir" logs config.yaml 2>/dev/null
-  python3 -m rlfleet.cli plot "$run_dir" >/dev/null 2>&1 && cp "$run_dir/curves.png" "$out/"
+  python3 -m rlfleet.app.cli plot "$run_dir" >/dev/null 2>&1 && cp "$run_dir/curves.png" "$out/"
 }
 
 case "${1:-}" in
@@ -47,13 +47,13 @@ case "${1:-}" in
       2>&1 | grep -v Warning
     rlfleet data gsm8k --input .carry/data/train.jsonl --output "$work/data/train.parquet"
     rlfleet data gsm8k --input .carry/data/test.jsonl --output "$work/data/test.parquet" --split test
-    timeout 520 python3 -m rlfleet.cli run --config $config "${paths[@]}" controller.max_steps="${2:-100}" \
+    timeout 520 python3 -m rlfleet.app.cli run --config $config "${paths[@]}" controller.max_steps="${2:-100}" \
       "controller.eval_every=${2:-100}" 2>&1 | grep -v "Warning\|warn(" | tail -40
     collect
     ;;
   resume)
     setup
-    timeout 540 python3 -m rlfleet.cli run --config $config "${paths[@]}" controller.max_steps="${2:-200}" \
+    timeout 540 python3 -m rlfleet.app.cli run --config $config "${paths[@]}" controller.max_steps="${2:-200}" \
       "controller.eval_every=${2:-200}" controller.resume=latest 2>&1 | grep -v "Warning\|warn(" | tail -40
     collect
     ;;

@@ -11,7 +11,8 @@ model FLOPs utilisation (6 x parameters x tokens / step time / peak bf16 FLOP/s)
   ckpt      both + learner.gradient_checkpointing, micro_batch_tokens x --ckpt-mb-scale
 `--ragged` draws response lengths in [response/4, response] (what packing is for); tokens/s
 counts real tokens only. `--tiny` runs a tiny shape on the CPU as a smoke check.
-Usage: python bench/learner_throughput.py [--configs baseline,both] [--ragged] [--peak-tflops 989] [--out FILE]
+Usage: python bench/learner_throughput.py [--configs baseline,both] [--ragged] [--peak-tflops 989] [--out
+FILE]
 """
 from __future__ import annotations
 
@@ -96,8 +97,10 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=384)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
-    parser.add_argument("--chunk", type=int, default=4096, help="learner.logprob_chunk_tokens of chunked configs")
-    parser.add_argument("--ckpt-mb-scale", type=int, default=4, help="micro-batch multiplier of the ckpt config")
+    parser.add_argument("--chunk", type=int, default=4096,
+                        help="learner.logprob_chunk_tokens of chunked configs")
+    parser.add_argument("--ckpt-mb-scale", type=int, default=4,
+                        help="micro-batch multiplier of the ckpt config")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     parser.add_argument("--ragged", action="store_true", help="response lengths vary (padding to remove)")
     parser.add_argument("--tiny", action="store_true", help="tiny fp32 shape on the CPU (smoke check)")
@@ -118,7 +121,8 @@ def main() -> None:
     else:
         device, dtype, shape = torch.device("cuda"), torch.bfloat16, SHAPES["0.5b"]
     h, inter, layers, heads, kv, vocab, tied = shape
-    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
     batches = make_batches(args, vocab)
     rows = []

@@ -22,7 +22,8 @@ from rlfleet.types import SamplingParams
 from services.rollout.engines.static_generate import StaticGenerator
 
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                  tie_word_embeddings=True)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=True)
 
@@ -33,7 +34,8 @@ def _sync(device: torch.device) -> None:
 
 
 def run_generate(model, rows: torch.Tensor, new: int) -> torch.Tensor:
-    out = model.generate(input_ids=rows, attention_mask=torch.ones_like(rows), do_sample=True, temperature=1.0,
+    out = model.generate(input_ids=rows, attention_mask=torch.ones_like(rows), do_sample=True,
+                         temperature=1.0,
                          top_p=None, top_k=0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
                          eos_token_id=None)
     return out[:, rows.shape[1]:]

@@ -36,7 +36,8 @@ def build(shape: str, device: torch.device, scale: int = 1) -> torch.nn.Module:
 
     h, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
     h, inter, vocab = h // scale // heads * heads, inter // scale, vocab // scale  # heads must divide h
-    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers, num_attention_heads=heads,
+    cfg = Qwen2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
     with torch.device(device):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
@@ -87,7 +88,8 @@ def worker(rank: int, shape: str, address_q, result_q, reps: int, on_cpu: bool, 
             raw.append(t_raw)
             ours.append(t_ours)
     if rank == 1:
-        result_q.put({"shape": shape, "tensors": len(weights), "bytes": nbytes, "raw_s": statistics.median(raw),
+        result_q.put({"shape": shape, "tensors": len(weights), "bytes": nbytes,
+                      "raw_s": statistics.median(raw),
                       "rlfleet_s": statistics.median(ours),
                       "raw_min_s": min(raw), "rlfleet_min_s": min(ours)})
     group.close()
@@ -105,7 +107,8 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         address_q, result_q = ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=worker, args=(r, shape, address_q, result_q, args.reps, args.device == "cpu",
+        procs = [ctx.Process(target=worker, args=(r, shape, address_q, result_q, args.reps,
+                                                  args.device == "cpu",
                                                   args.scale)) for r in (0, 1)]
         for p in procs:
             p.start()
@@ -123,7 +126,8 @@ def main() -> None:
               f"rlfleet {row['rlfleet_min_s'] * 1e3:.1f} ms", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpus": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu", "torch": torch.__version__, "rows": rows}, f, indent=2)
+            json.dump({"gpus": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                       "torch": torch.__version__, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,20 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from controller.reward_tally import RewardTally
 from rlfleet import types as t
 from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
-from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet.proto.v1 import (
+    common_pb2,
+    learner_pb2,
+    learner_pb2_grpc,
+    reward_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+)
 from rlfleet.rpc import convert
 from rlfleet.rpc.channel import wait_until_serving
+from rlfleet.rpc.security import Security
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
@@ -43,10 +52,12 @@ def _rpc(fn: Callable) -> Callable:
 class _Client:
     role = ""
 
-    def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True):
+    def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True,
+                 security: Security | None = None):
+        """`security`: the job's TLS and bearer token (None: plain gRPC)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive)
+        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security)
 
     @_rpc
     def status(self) -> t.ServiceStatus:
@@ -65,18 +76,22 @@ class RolloutClient(_Client):
 
     def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
         try:
-            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params), timeout=self.timeout_s):
+            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
+                                           timeout=self.timeout_s):
                 yield convert.group_from_proto(msg)
         except grpc.RpcError as err:
             raise _translate(self.role, self.address, "Generate", err) from None
 
     @_rpc
-    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join_weight_group(self, address: str, rank: int, world_size: int, backend: str,
+                          timeout_s: float) -> None:
         self._stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
-            address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s), timeout=30)
+            address=address, rank=rank, world_size=world_size, backend=backend, timeout_s=timeout_s),
+            timeout=30)
 
     @_rpc
-    def pull_weights(self, version: int, timeout_s: float, digest: bool = False) -> rollout_pb2.PullWeightsResponse:
+    def pull_weights(self, version: int, timeout_s: float,
+                     digest: bool = False) -> rollout_pb2.PullWeightsResponse:
         return self._stub.PullWeights(rollout_pb2.PullWeightsRequest(version=version, digest=digest),
                                       timeout=timeout_s)
 
@@ -84,9 +99,11 @@ class RolloutClient(_Client):
 class RewardClient(_Client):
     role = "reward"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, tally: RewardTally | None = None, **kwargs):
+        """`tally`: under `reward.sources`, adds up each reply's per-source scores and costs."""
         super().__init__(*args, **kwargs)
         self._stub = reward_pb2_grpc.RewardStub(self.channel)
+        self.tally = tally
 
     @_rpc
     def score(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
@@ -95,7 +112,13 @@ class RewardClient(_Client):
         if [r.id for r in results] != [i.id for i in items]:
             raise RlfleetError(f"reward service at {self.address} returned {len(results)} results for "
                                f"{len(items)} items (or out of order)")
+        if self.tally is not None:
+            self.tally.add(results)
         return results
+
+    def step_metrics(self, groups: list) -> dict[str, float]:
+        """`reward/<source>/…` and `reward/excluded_total` under `reward.sources`, else nothing."""
+        return self.tally.step_metrics(groups) if self.tally is not None else {}
 
 
 class LearnerClient(_Client):
@@ -117,10 +140,22 @@ class LearnerClient(_Client):
         return reply.address, reply.backend
 
     @_rpc
-    def push_weights(self, version: int, timeout_s: float, digest: bool = False) -> learner_pb2.PushWeightsResponse:
+    def push_weights(self, version: int, timeout_s: float,
+                     digest: bool = False) -> learner_pb2.PushWeightsResponse:
         return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest),
                                       timeout=timeout_s)
 
     @_rpc
     def save_checkpoint(self, step: int) -> str:
-        return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step), timeout=self.timeout_s).path
+        return self._stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=step),
+                                         timeout=self.timeout_s).path
+
+    @_rpc
+    def checkpoints(self) -> dict[int, str]:
+        """The learner's complete checkpoints by step (paths on its machine), the one it started from
+        included: what a resumed run can continue from."""
+        reply = self._stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=self.timeout_s)
+        found = {c.step: c.path for c in reply.checkpoints}
+        if reply.HasField("restored_from"):
+            found[reply.restored_from.step] = reply.restored_from.path
+        return found

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller.advantages import group_advantages
+from rlfleet.advantages.group import group_advantages
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample
 

@@ -52,7 +52,8 @@ class Audit:
     trained: Counter = field(default_factory=Counter)
     dropped: dict[int, str] = field(default_factory=dict)
     requeued: set[int] = field(default_factory=set)
-    open: set[int] = field(default_factory=set)  # dispatched, neither trained nor dropped (in flight at the end)
+    # dispatched, neither trained nor dropped (in flight at the end)
+    open: set[int] = field(default_factory=set)
 
     @property
     def trained_twice(self) -> list[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -28,8 +28,7 @@ from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
 from controller.journal import Journal
 from controller.outputs import RunWriter
-from controller.recovery import Recovery
-from controller.rewards import reward_metrics
+from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
@@ -37,10 +36,6 @@ from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
-
-
-class Stopped(RlfleetError):
-    """The loop was asked to stop."""
 
 
 class GRPOLoop:
@@ -66,7 +61,8 @@ class GRPOLoop:
         self.params = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
-        self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s, cfg.learner.verify_weights)
+        self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
+                               cfg.learner.verify_weights)
         self._cond = threading.Condition()
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
         self._admitted = 0  # groups admitted that will still be consumed (dropped ones are given back)
@@ -82,12 +78,15 @@ class GRPOLoop:
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s)
         self._start_step, self._start_version = 0, 0
+        # the newest step with a checkpoint: where controller.resume=latest goes back to
+        self.checkpointed_step = 0
         if resume is not None:
             self._restore(resume)
 
     def _restore(self, state: ControllerState) -> None:
         """Continues after the checkpoint of `state.step`: its prompts not yet trained go first."""
         self._start_step, self._start_version = state.step, state.policy_version
+        self.checkpointed_step = state.step
         self.step, self._seq, self._rollout_version = state.step, state.seq, state.policy_version
         for dispatch in state.dispatches(self.source.prompts):
             self._requeue.append(dispatch)
@@ -107,7 +106,8 @@ class GRPOLoop:
             dispatches: dict[int, Dispatch] = {}
             for seq in sorted(self._live):
                 dispatches.setdefault(id(self._live[seq]), self._live[seq])
-            requeue = [{"seed": d.seed, "members": [[seq, p.index] for seq, p in d.members if seq in self._live]}
+            requeue = [{"seed": d.seed, "members": [[seq, p.index] for seq, p in d.members
+                                                    if seq in self._live]}
                        for d in dispatches.values()]
             return ControllerState(step, version, self._seq, source_state(self.source), requeue)
 
@@ -139,7 +139,8 @@ class GRPOLoop:
                 requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
                 for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index, version=self._rollout_version,
+                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
+                               version=self._rollout_version,
                                replica=rollout.address)
                 started = time.perf_counter()
                 pending = dict(prompts)
@@ -147,10 +148,12 @@ class GRPOLoop:
                     for group in rollout.generate(requests, params):
                         gen_s = time.perf_counter() - started
                         seq, prompt = pending.pop(group.request_id)
-                        self._note("generated", seq=seq, version=min(c.policy_version for c in group.completions),
+                        self._note("generated", seq=seq,
+                                   version=min(c.policy_version for c in group.completions),
                                    replica=rollout.address)
                         t0 = time.perf_counter()
-                        results = self.recovery.score(score_items(prompt, group.completions, group.request_id))
+                        results = self.recovery.score(
+                            score_items(prompt, group.completions, group.request_id))
                         scored = ScoredGroup(seq, prompt, group.completions, results, gen_s,
                                              time.perf_counter() - t0, replica=rollout.address)
                         self._note("scored", seq=seq, failed=scored.failed)
@@ -173,11 +176,12 @@ class GRPOLoop:
             return len(self._buffer)
 
     # ---- training side ------------------------------------------------------------------------
-    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], int, int]:
+    def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], Counter[str]]:
         """Waits for B fresh groups; stale ones, and (dynamic sampling) groups whose rewards are all
-        equal, are dropped and their admission slots given back, so generation makes up for them."""
+        equal, are dropped and their admission slots given back, so generation makes up for them.
+        Returns the batch and how many groups were dropped, by reason (stale, unusable, filtered)."""
         batch: list[ScoredGroup] = []
-        dropped = filtered = 0
+        dropped: Counter[str] = Counter()
         filter_limit = self.samples.filter_limit(self.B)
         with self._cond:
             while len(batch) < self.B:
@@ -198,40 +202,69 @@ class GRPOLoop:
                 _, _, group = heapq.heappop(self._buffer)
                 usable = len(group.scored()) >= 2
                 if not (self.gate.is_fresh(group.version, train_version) and usable):
-                    dropped += 1
-                    self._drop(group, "unusable" if usable is False else "stale", train_version)
+                    self._drop(group, "unusable" if usable is False else "stale", train_version, dropped)
                 elif not self.samples.keep(group):
-                    filtered += 1
-                    self._drop(group, "filtered", train_version)
-                    if filter_limit is not None and filtered > filter_limit:
-                        raise RlfleetError(f"dynamic sampling dropped {filtered} groups with equal rewards in one "
-                                           "step; the task is solved or unsolvable for this policy "
-                                           "(raise algorithm.max_gen_batches, 0 never gives up)")
+                    self._drop(group, "filtered", train_version, dropped)
+                    if filter_limit is not None and dropped["filtered"] > filter_limit:
+                        raise RlfleetError(f"dynamic sampling dropped {dropped['filtered']} groups with "
+                                           "equal rewards in one step; the task is solved or unsolvable "
+                                           "for this policy (raise algorithm.max_gen_batches, 0 never "
+                                           "gives up)")
                 else:
                     batch.append(group)
                     continue
                 self._admitted -= 1
                 self._cond.notify_all()
-        return batch, dropped, filtered
+        return batch, dropped
 
-    def _drop(self, group: ScoredGroup, reason: str, train_version: int) -> None:
+    def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
+        dropped[reason] += 1
         self._live.pop(group.seq, None)
-        self._note("dropped", seq=group.seq, reason=reason, version=group.version, train_version=train_version)
+        self._note("dropped", seq=group.seq, reason=reason, version=group.version,
+                   train_version=train_version)
 
     def _checkpoint(self, step: int, version: int) -> None:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
         self.recovery.call_learner(lambda: self.learner.save_checkpoint(step), version)
         save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+
+    def _checkpoint_on_stop(self, version: int) -> None:
+        """A stopped run (Ctrl-C, SIGTERM, a service gone for good) keeps its progress: the last
+        finished step is checkpointed unless it already is, so controller.resume=latest continues
+        from it whatever learner.checkpoint_every is. Once, with no retries: the learner may be
+        the reason the run stops. Skipped when the learner does not hold this step's version (the
+        stop came between a step's Train and its bookkeeping, or the learner restarted)."""
+        step = self.step
+        if step <= self.checkpointed_step:
+            return
+        try:
+            status = self.learner.status()
+            if not status.ready or status.policy_version != version:
+                log.warning("stopped; no checkpoint of the last step: the learner does not hold its version",
+                            step=step, version=version, learner_version=status.policy_version)
+                return
+            self.learner.save_checkpoint(step)
+        except RlfleetError as exc:
+            log.warning("stopped; could not checkpoint the last step", step=step, error=str(exc)[:300])
+            return
+        save_state(self.writer.run_dir, self.snapshot(step, version))
+        self.checkpointed_step = step
+        self._note("checkpointed_on_stop", step=step, version=version)
+        log.warning(f"stopped after step {step}; checkpoint written: controller.resume=latest "
+                    "continues from it")
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
         self.sync.open()
         # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
         self.sync.sync(self._start_version)
-        if self.evaluator is not None and self.evaluator.before_train and not self._start_step:  # initial policy
+        # initial policy
+        if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
                 0, 0, self.rollout.generate, self.reward.score)})
-        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}", daemon=True)
+        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
+                                        daemon=True)
                        for i, r in enumerate(self.rollouts)]
         for thread in gen_threads:
             thread.start()
@@ -240,13 +273,13 @@ class GRPOLoop:
             for step in range(self._start_step + 1, cc.max_steps + 1):
                 structlog.contextvars.bind_contextvars(step=step, policy_version=version)
                 step_start = time.perf_counter()
-                groups, dropped, filtered = self._take_batch(version)
+                groups, dropped = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
                 samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
                 batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
                                    expected_version=version)
-                result = self.recovery.call_learner(lambda b=batch: self.learner.train(b), version)
+                result = self.recovery.train(batch)  # retried only because Train is idempotent
                 self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
                 with self._cond:
@@ -261,10 +294,12 @@ class GRPOLoop:
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
-                metrics.update(sample_metrics, **{"dynamic_sampling/filtered_groups": float(filtered)})
-                metrics.update(reward_metrics(self.reward, groups))  # reward/<source>/… under reward.sources
+                metrics.update(sample_metrics,
+                               **{"dynamic_sampling/filtered_groups": float(dropped["filtered"])})
+                metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
-                    metrics.update(self.evaluator.maybe_run(step, result.policy_version, self.rollout.generate,
+                    metrics.update(self.evaluator.maybe_run(step, result.policy_version,
+                                                            self.rollout.generate,
                                                             self.reward.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
@@ -275,6 +310,9 @@ class GRPOLoop:
                     self._checkpoint(step, version)
                 if self.on_step is not None:
                     self.on_step(metrics)
+        except Stopped:
+            self._checkpoint_on_stop(version)
+            raise
         finally:
             self.stop.set()
             with self._cond:
@@ -294,6 +332,7 @@ class GRPOLoop:
                                 "response": c.text, "reward": r.score if r.ok else None,
                                 "reward_error": r.error or None, "version": c.policy_version,
                                 "trained_version": train_version, "replica": g.replica,
-                                "last_version": max(c.last_policy_version, c.policy_version), "finish_reason": c.finish_reason,
+                                "last_version": max(c.last_policy_version, c.policy_version),
+                                "finish_reason": c.finish_reason,
                                 "ground_truth": g.prompt.ground_truth})
         return records if limit is None else records[:limit]

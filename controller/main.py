@@ -15,12 +15,13 @@ from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
 from rlfleet.models.resolve import resolve_model_path
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
-from controller.clients import LearnerClient, RolloutClient
+from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
 from controller.journal import Journal
 from controller.loop import GRPOLoop
-from controller.rewards import make_reward_client
+from controller.reward_tally import RewardTally
 from controller.outputs import RunWriter
 from controller.state import load_state, resolve_resume, restore_source, truncate_jsonl
 from controller.status_servicer import start_status_server
@@ -65,23 +66,16 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
     print(f"rlfleet: {len(prompts)} training prompts from {', '.join(f.name for f in files)}"
-          + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens" if filtered else ""),
+          + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens"
+             if filtered else ""),
           flush=True)
     source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
-    resume = None
-    if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
-        state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume)
-        resume = load_state(state_file)
-        restore_source(source, resume.source)
-        for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
-            truncate_jsonl(cfg.run.dir / name, resume.step)
-        log.info("resuming", step=resume.step, policy_version=resume.policy_version, checkpoint=str(checkpoint),
-                 requeued=sum(len(d["members"]) for d in resume.requeue))
     evaluator = PeriodicEval.from_config(cfg, tokenizer, max_prompt)
 
     loop_ref: list[GRPOLoop] = []
+    security = Security.from_config(cfg.security, cfg.limits)  # of the status server and every client
     status = start_status_server(cc.host, cc.port, cfg.run.name, addresses,
-                                 lambda: loop_ref[0] if loop_ref else None)
+                                 lambda: loop_ref[0] if loop_ref else None, security)
     telemetry = ControllerTelemetry()
     announce(cfg.run.dir, "controller", status.address, telemetry.serve(cc.host, cc.metrics_port))
 
@@ -94,17 +88,31 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
 
     clients = []
     try:
-        kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive)
+        kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=cc.connect_timeout_s, alive=alive,
+                  security=security)
         rollout = [RolloutClient(address, **kw) for address in rollout_addresses(addresses)]
         clients.extend(rollout)
-        reward = make_reward_client(cfg, addresses, **kw)  # the reward service, or reward.sources
+        # The reward service scores every sample (combining reward.sources when set).
+        tally = (RewardTally([s.name for s in cfg.reward.sources], cfg.reward.max_consecutive_failures)
+                 if cfg.reward.sources else None)
+        reward = RewardClient(addresses["reward"], tally=tally, **kw)
         clients.append(reward)
         learner = LearnerClient(addresses["learner"], **kw)
         clients.append(learner)
+        resume = None
+        if cc.resume:  # controller/state.py: data cursor, prompts not yet trained, step and version
+            state_file, checkpoint = resolve_resume(cfg.run.dir, cc.resume, learner.checkpoints())
+            resume = load_state(state_file)
+            restore_source(source, resume.source)
+            for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
+                truncate_jsonl(cfg.run.dir / name, resume.step)
+            log.info("resuming", step=resume.step, policy_version=resume.policy_version,
+                     checkpoint=checkpoint, requeued=sum(len(d["members"]) for d in resume.requeue))
         if resume is not None and learner.status().policy_version != resume.policy_version:
             raise CheckpointError(f"the learner at {learner.address} holds policy version "
-                                  f"{learner.status().policy_version}, the checkpoint of step {resume.step} has "
-                                  f"{resume.policy_version}: start it with learner.resume_from={checkpoint}")
+                                  f"{learner.status().policy_version}, the checkpoint of step "
+                                  f"{resume.step} has {resume.policy_version}: start it with "
+                                  f"learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
         try:

@@ -8,6 +8,11 @@
 * learner call fails: waits until the learner is back (restarted from its newest checkpoint by
   `rlfleet run`); if that checkpoint is one step behind, the last batch is replayed; then the
   weight group is rebuilt and the call retried.
+* Train fails (deadline passed, connection lost): retried, which is safe because the batch carries
+  its step and expected version and the learner answers a repeat with the stored result. First
+  the learner must be idle (a step that outlived the caller's deadline finishes), then: at the
+  version after the step, the retry fetches the result; at or behind the step's version, the
+  learner restarted and is repaired as above before the retry.
 * weight push fails (a receiver died or stalled; the group's timeout aborts it): the group is
   rebuilt and the version pushed again; rollouts serve the last complete version meanwhile.
 
@@ -17,26 +22,47 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
 from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
-from rlfleet.types import ScoreItem, ScoreResult, TrainBatch
+from rlfleet.types import ScoreItem, ScoreResult, TrainBatch, TrainResult
 
 if TYPE_CHECKING:
-    from controller.clients import RolloutClient
-    from controller.loop import GRPOLoop
+    from controller.clients import LearnerClient, RewardClient, RolloutClient
     from controller.state import Dispatch
+    from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _RETRYABLE = (ServiceUnavailable, WeightSyncError)
 
 
+class Stopped(RlfleetError):
+    """The loop was asked to stop."""
+
+
+class RecoveringLoop(Protocol):
+    """What Recovery reads and changes of the loop it repairs (controller.loop.GRPOLoop): declared here
+    so that recovery does not import the loop that imports it."""
+
+    reward: RewardClient
+    learner: LearnerClient
+    sync: WeightSync
+    stop: threading.Event
+    _cond: threading.Condition
+    _requeue: deque[Dispatch]
+    _rollout_version: int
+    checkpointed_step: int  # the newest step with a checkpoint (0: none)
+
+    def _note(self, event: str, **fields: Any) -> None: ...
+
+
 class Recovery:
-    def __init__(self, loop: GRPOLoop, wait_s: float):
+    def __init__(self, loop: RecoveringLoop, wait_s: float):
         self.loop = loop
         self.wait_s = wait_s
         self._resync = threading.Event()  # a replica came back and needs the group and the weights
@@ -54,7 +80,6 @@ class Recovery:
 
     def _sleep(self, delay: float) -> float:
         if self.loop.stop.wait(delay):
-            from controller.loop import Stopped
             raise Stopped("stopping")
         return min(delay * 2, 5.0)
 
@@ -78,7 +103,8 @@ class Recovery:
     def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
                        pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
         loop = self.loop
-        left = [(seq, prompt) for seq, prompt in dispatch.members if any(s == seq for s, _ in pending.values())]
+        left = [(seq, prompt) for seq, prompt in dispatch.members
+                if any(s == seq for s, _ in pending.values())]
         with loop._cond:
             if left:
                 dispatch.members = left
@@ -165,9 +191,36 @@ class Recovery:
             self.loop.learner.train(batch)
             self._event("learner_replayed", step=batch.step, version=version)
             return
+        last = self.loop.checkpointed_step  # suggest a resume only where there is something to resume
+        hint = (f"resume the run with controller.resume=latest (continues from step {last})" if last else
+                "this run has no checkpoint to resume from")
         raise RlfleetError(f"learner at {self.loop.learner.address} restarted at policy version {have}, the "
-                           f"controller is at {version}: resume the run with controller.resume=latest "
-                           "(learner.checkpoint_every=1 lets a run survive learner restarts in place)")
+                           f"controller is at {version}: {hint} (learner.checkpoint_every=1 lets a run "
+                           "survive learner restarts in place)")
+
+    def train(self, batch: TrainBatch) -> TrainResult:
+        """One Train call, retried while the learner is unreachable (see the module docstring)."""
+        learner = self.loop.learner
+        if batch.expected_version < 0:  # nothing identifies the step: a retry could train it twice
+            return learner.train(batch)
+        deadline, delay = self._deadline(), 0.5
+        while True:
+            try:
+                return learner.train(batch)
+            except ServiceUnavailable as exc:
+                self._expired(deadline, "the learner", exc)
+                self._event("learner_failed", version=batch.expected_version, step=batch.step,
+                            error=str(exc)[:200])
+            while True:  # until it answers and runs nothing (a timed-out step may still be running)
+                try:
+                    status = learner.status()
+                    if status.ready and status.in_flight <= 0:
+                        break
+                except RlfleetError as err:
+                    self._expired(deadline, "the learner", err)
+                delay = self._sleep(delay)
+            if status.policy_version != batch.expected_version + 1:  # it restarted: not the step's result
+                self.resync(batch.expected_version)
 
     def call_learner(self, fn: Callable[[], T], version: int) -> T:
         """A learner call; if the learner is down, waits for it, rebuilds the group, retries."""

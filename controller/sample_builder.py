@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 
-from controller.estimators import GROUP_ESTIMATORS
 from controller.groups import ScoredGroup
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 from rlfleet.algorithm import AlgorithmConfig
 from rlfleet.types import TrainSample
 
@@ -33,7 +33,7 @@ class SampleBuilder:
         self.algo = algo
         self.max_new_tokens = max_new_tokens
         self.buffer_tokens = algo.overlong_buffer_ratio * max_new_tokens
-        self.estimator = GROUP_ESTIMATORS.get(algo.advantage)
+        self.estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage).group_advantages
 
     def shaped_rewards(self, group: ScoredGroup) -> list[float]:
         """One reward per scored completion: the score plus the overlong penalty."""

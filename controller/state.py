@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import CheckpointError
+
+log = structlog.get_logger(__name__)
 
 FOLDER = "controller_state"
 FORMAT = 1
@@ -68,9 +73,11 @@ def source_state(source: PromptSource) -> dict[str, Any]:
 
 def restore_source(source: PromptSource, state: dict[str, Any]) -> None:
     if state["size"] != len(source.prompts):
-        raise CheckpointError(f"the checkpoint was taken over {state['size']} prompts, {len(source.prompts)} are "
+        raise CheckpointError(f"the checkpoint was taken over {state['size']} prompts, "
+                              f"{len(source.prompts)} are "
                               "loaded now: resume with the same data files and data.max_prompt_length")
-    source.epoch, source.cursor, source.seed, source.shuffle = (state["epoch"], state["cursor"], state["seed"],
+    source.epoch, source.cursor, source.seed, source.shuffle = (state["epoch"], state["cursor"],
+                                                                state["seed"],
                                                                 state["shuffle"])
     source._order = list(state["order"])
 
@@ -94,7 +101,8 @@ def save_state(run_dir: Path, state: ControllerState) -> Path:
 def load_state(path: Path) -> ControllerState:
     try:
         data = json.loads(path.read_text())
-        return ControllerState(int(data["step"]), int(data["policy_version"]), int(data["seq"]), data["source"],
+        return ControllerState(int(data["step"]), int(data["policy_version"]), int(data["seq"]),
+                               data["source"],
                                list(data["requeue"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"controller state {path} is unreadable or corrupt: {exc}") from None
@@ -105,32 +113,64 @@ def _step_of(path: Path) -> int | None:
     return int(name) if path.suffix == ".json" and name.isdigit() else None
 
 
-def resolve_resume(run_dir: Path, spec: str) -> tuple[Path, Path]:
-    """`latest` or a `.../checkpoints/step_N` folder (or a controller_state/step_N.json) -> the
-    controller state file and the learner checkpoint folder of that step, both complete."""
-    from services.learner.checkpoint import META
+def resume_folder(run_dir: Path, spec: str) -> Path:
+    """The run folder whose controller state `controller.resume=spec` names: run_dir for `latest`,
+    else the run holding the given `checkpoints/step_N` folder or `controller_state/step_N.json`."""
+    given = Path(spec)
+    if spec != "latest" and (given.suffix == ".json" or given.parent.name == "checkpoints"):
+        return given.parent.parent
+    return run_dir
 
-    checkpoints = run_dir / "checkpoints"
+
+def has_state(run_dir: Path, step: int) -> bool:
+    """Whether run_dir holds a controller state of `step` that loads."""
+    try:
+        load_state(state_path(run_dir, step))
+    except CheckpointError:
+        return False
+    return True
+
+
+def resolve_resume(run_dir: Path, spec: str, learner_checkpoints: Mapping[int, str]) -> tuple[Path, str]:
+    """`latest` or a `.../checkpoints/step_N` folder (or a controller_state/step_N.json) -> the
+    controller state file and the learner checkpoint of that step.
+
+    `learner_checkpoints`: the learner's checkpoints a resume can take, by step, as the learner reports
+    them (LearnerClient.checkpoints: complete and passing their sha256 digests, see
+    services/learner/checkpoint.resumable_checkpoints): the controller never reads the learner's files.
+    `latest` is the newest step with one of them and a controller state that loads; a state file that
+    does not load is passed over with a warning."""
     if spec == "latest":
-        steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json")) if s is not None),
+        steps = sorted((s for s in (_step_of(p) for p in (run_dir / FOLDER).glob("step_*.json"))
+                        if s is not None),
                        reverse=True)
+        rejected: list[str] = []
         for step in steps:
-            if (checkpoints / f"step_{step}" / META).is_file():
-                return state_path(run_dir, step), checkpoints / f"step_{step}"
+            if step not in learner_checkpoints:
+                continue  # no learner checkpoint of that step, or a damaged one (the learner warned)
+            try:
+                load_state(state_path(run_dir, step))
+            except CheckpointError as exc:
+                rejected.append(str(exc))
+                log.warning(f"{exc}; resuming from an earlier checkpoint instead")
+                continue
+            return state_path(run_dir, step), learner_checkpoints[step]
         raise CheckpointError(f"nothing to resume in {run_dir}: no step with both {FOLDER}/step_N.json and "
-                              f"checkpoints/step_N/{META}")
+                              f"an intact learner checkpoint step_N (the learner has steps "
+                              f"{sorted(learner_checkpoints) or 'none'})"
+                              + (f"; {'; '.join(rejected)}" if rejected else ""))
     given = Path(spec)
     step = _step_of(given) if given.suffix == ".json" else (
         int(given.name.removeprefix("step_")) if given.name.removeprefix("step_").isdigit() else None)
     if step is None:
         raise CheckpointError(f"controller.resume={spec!r}: expected `latest` or a checkpoints/step_N folder")
-    base = given.parent.parent if given.suffix == ".json" or given.parent.name == "checkpoints" else run_dir
-    state, ckpt = state_path(base, step), base / "checkpoints" / f"step_{step}"
+    state = state_path(resume_folder(run_dir, spec), step)
     if not state.is_file():
         raise CheckpointError(f"controller.resume={spec!r}: no controller state {state}")
-    if not (ckpt / META).is_file():
-        raise CheckpointError(f"controller.resume={spec!r}: learner checkpoint {ckpt} is missing or incomplete")
-    return state, ckpt
+    if step not in learner_checkpoints:
+        raise CheckpointError(f"controller.resume={spec!r}: the learner has no complete checkpoint of "
+                              f"step {step}")
+    return state, learner_checkpoints[step]
 
 
 def truncate_jsonl(path: Path, last_step: int) -> int:

@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from rlfleet.types import TrainSample
 from controller.groups import ScoredGroup
+
+
+# Why a generated group was not trained: generated under a version too old for this step (stale),
+# fewer than two samples with a reward (unusable), all rewards equal under dynamic sampling (filtered).
+DROP_REASONS = ("stale", "unusable", "filtered")
 
 
 def _mean(values: list[float]) -> float:
@@ -13,8 +19,8 @@ def _mean(values: list[float]) -> float:
 
 
 def step_metrics(step: int, train_version: int, groups: list[ScoredGroup], samples: list[TrainSample],
-                 learner_metrics: dict[str, float], *, dropped: int, wait_s: float, train_s: float,
-                 sync_s: float, step_s: float) -> dict[str, Any]:
+                 learner_metrics: dict[str, float], *, dropped: Mapping[str, int], wait_s: float,
+                 train_s: float, sync_s: float, step_s: float) -> dict[str, Any]:
     rewards = [score for g in groups for _, score in g.scored()]
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     truncated = [c.finish_reason == "length" for g in groups for c in g.completions]
@@ -33,7 +39,9 @@ def step_metrics(step: int, train_version: int, groups: list[ScoredGroup], sampl
         "response_length/clip_ratio": _mean([float(x) for x in truncated]),
         "staleness/mean": _mean([float(x) for x in staleness]),
         "staleness/max": float(max(staleness, default=0)),
-        "staleness/dropped_groups": float(dropped),
+        # Groups the staleness gate threw away (too old, or fewer than two rewards); by reason below.
+        "staleness/dropped_groups": float(dropped.get("stale", 0) + dropped.get("unusable", 0)),
+        **{f"dropped_groups/{reason}": float(dropped.get(reason, 0)) for reason in DROP_REASONS},
         "timing/gen_s": sum(g.gen_seconds for g in groups),
         "timing/reward_s": sum(g.reward_seconds for g in groups),
         "timing/wait_s": wait_s,

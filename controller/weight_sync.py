@@ -48,7 +48,8 @@ class WeightSync:
                 raise VersionMismatch(f"rollout at {rollout.address} serves version {pulled.version} "
                                       f"after a push of {version}")
             if self.verify and pulled.digest != pushed.digest:
-                raise WeightSyncError(f"rollout at {rollout.address}: weights of version {version} differ from "
+                raise WeightSyncError(f"rollout at {rollout.address}: weights of version {version} "
+                                      "differ from "
                                       f"the learner's (digest {pulled.digest} != {pushed.digest})")
         return time.perf_counter() - start
 

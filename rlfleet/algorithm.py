@@ -2,17 +2,19 @@
 
 `algorithm.name` is a preset: it sets defaults for the individual knobs, and any knob
 given explicitly (in the YAML file or as `algorithm.KNOB=...`) wins over the preset.
-The knobs name registered units (`services/learner/algorithms/*`, `controller/estimators.py`);
+The knobs name registered units (`rlfleet/advantages/`, `services/learner/algorithms/*`);
 docs/algorithms.md lists every knob, its default and the paper or framework it follows.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 
 PresetName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "dapo", "gspo"]
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
 PolicyLossName = Literal["ppo_clip", "gspo"]
 LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimatorName = Literal["k1", "k2", "k3"]
@@ -45,8 +47,12 @@ class _Section(BaseModel):
 
 class AlgorithmConfig(_Section):
     name: PresetName = Field("grpo", description="preset that sets the defaults of the knobs below")
-    advantage: AdvantageName = Field("grpo", description="advantage estimator; grpo, dr_grpo and rloo run in "
-                                     "the controller (they need groups), reinforce_pp and gae in the learner")
+    plugins: list[str] = Field(default_factory=list, description="modules imported (in every process) before "
+                               "the names below are checked: they register more units, e.g. an advantage "
+                               "estimator (docs/algorithms.md)")
+    advantage: str = Field("grpo", description="a registered advantage estimator "
+                           "(rlfleet/advantages/): grpo, dr_grpo and rloo run in the controller (they need "
+                           "groups), reinforce_pp and gae in the learner")
     policy_loss: PolicyLossName = Field("ppo_clip", description="per-token policy loss")
     loss_agg: LossAggName = Field("token-mean", description="how per-token losses become one number")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio clipped below at 1 - clip_low")
@@ -63,7 +69,8 @@ class AlgorithmConfig(_Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount of token rewards (gae, reinforce_pp, "
                          "KL-in-reward)")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda")
-    critic_lr: float | None = Field(None, gt=0.0, lt=1.0, description="critic learning rate; null: learner.lr")
+    critic_lr: float | None = Field(None, gt=0.0, lt=1.0,
+                                    description="critic learning rate; null: learner.lr")
     value_clip: float | None = Field(0.5, gt=0.0, description="clip new values to old +- value_clip in the "
                                      "value loss; null disables")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per train batch (PPO mini-batches); "
@@ -90,10 +97,25 @@ class AlgorithmConfig(_Section):
     def _apply_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        for module in data.get("plugins") or []:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - any failure of a user's module is a config error
+                raise ValueError(f"algorithm.plugins: cannot import {module!r}: "
+                                 f"{type(exc).__name__}: {exc}") \
+                    from None
         preset = PRESETS.get(data.get("name", "grpo"))
         if preset is None:
             return data  # the Literal check on `name` reports it
         return {**preset, **data}
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, name: str) -> str:
+        if name not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {name!r}; registered: "
+                             f"{', '.join(ADVANTAGE_ESTIMATORS.names())} (more with algorithm.plugins)")
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> AlgorithmConfig:
@@ -109,5 +131,5 @@ class AlgorithmConfig(_Section):
 class LoraConfig(_Section):
     rank: int = Field(0, ge=0, description="LoRA rank of the policy; 0 trains every weight")
     alpha: float = Field(16.0, gt=0.0, description="LoRA scaling numerator (scale = alpha / rank)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA adapters' input")
     target_modules: list[str] | str = Field("all-linear", description="module names to adapt, or all-linear")

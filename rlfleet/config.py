@@ -41,11 +41,13 @@ class RunConfig(Section):
     name: str = Field("default", min_length=1, description="run name; outputs go to output_dir/name")
     output_dir: str = Field("outputs", description="root folder of run outputs")
     seed: int = Field(0, ge=0, description="seed for data order, sampling and model init")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="least severe log "
+                                                                    "level written to logs/ and stderr")
     threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
                                      "`rlfleet run` split the cores between services")
-    max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to this many "
-                              "times (exponential backoff from 1 s); 0 stops the run and names the service")
+    max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to "
+                              "this many times (exponential backoff from 1 s); 0 stops the run and names "
+                              "the service")
 
     @property
     def dir(self) -> Path:
@@ -63,12 +65,13 @@ class DataConfig(Section):
                                    "empty means the built-in task")
     prompt_key: str = Field("prompt", description="column holding a chat message list or a string")
     max_prompt_length: int | None = Field(None, ge=1, description="prompts longer than this (tokens) are "
-                                          "left out and counted before step 1; null: what the model's context "
-                                          "leaves after rollout.max_new_tokens")
-    shuffle: bool = True
+                                          "left out and counted before step 1; null: what the model's "
+                                          "context leaves after rollout.max_new_tokens")
+    shuffle: bool = Field(True, description="visit the prompts in a new seeded order every epoch")
     builtin_size: int = Field(2048, ge=1, description="number of prompts generated for the built-in task")
     val_files: list[str] = Field(default_factory=list, description="Parquet files evaluated every "
-                                 "controller.eval_every steps; empty with the built-in task: 64 held-out prompts")
+                                 "controller.eval_every steps; empty with the built-in task: 64 "
+                                 "held-out prompts")
 
 
 class RolloutConfig(ServiceEndpointConfig):
@@ -83,17 +86,18 @@ class RolloutConfig(ServiceEndpointConfig):
     inflight_updates: bool = Field(True, description="vLLM: requests in flight continue under new weights "
                                    "(else a weight update waits for them to finish)")
     n: int = Field(8, ge=1, le=1024, description="completions per prompt (GRPO group size)")
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature; 0 is greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest set of tokens "
+                         "whose probability reaches top_p; 1 keeps all")
     top_k: int = Field(0, ge=0, description="0 disables top-k")
-    max_new_tokens: int = Field(8, ge=1, le=65536)
+    max_new_tokens: int = Field(8, ge=1, le=65536, description="longest response, in tokens")
     stop: list[str] = Field(default_factory=list, description="stop strings")
     max_batch_sequences: int = Field(256, ge=1, description="sequences generated together in one batch")
     hf_decode: Literal["auto", "static", "generate"] = Field(
         "auto", description="transformers backend's decode loop: `static` is rlfleet's static-KV-cache loop "
         "(Llama/Qwen2/Qwen3/Mistral), `generate` transformers' generate(); auto: static where supported")
-    cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static loop's decode "
-                              "step as a CUDA graph")
+    cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static "
+                              "loop's decode step as a CUDA graph")
 
 
 class RewardConfig(ServiceEndpointConfig):
@@ -121,10 +125,12 @@ class LearnerConfig(ServiceEndpointConfig):
     lr_warmup_steps: int = Field(0, ge=0, description="steps of linear warmup from ~0 to lr; 0: use "
                                  "lr_warmup_ratio")
     lr_warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warmup as a fraction of "
-                                   "controller.max_steps (verl's lr_warmup_steps_ratio), when lr_warmup_steps is 0")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="linear/cosine decay ends at this fraction of lr")
-    weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.99)
+                                   "controller.max_steps (verl's lr_warmup_steps_ratio), when "
+                                   "lr_warmup_steps is 0")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="linear/cosine decay ends at this "
+                                "fraction of lr")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW beta1, beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
@@ -135,25 +141,28 @@ class LearnerConfig(ServiceEndpointConfig):
     weight_checksums: Literal["auto", "on", "off"] = Field(
         "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL")
     weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
-    weight_sync_timeout_s: float = Field(120.0, gt=0.0)
+    weight_sync_timeout_s: float = Field(120.0, gt=0.0, description="a weight push or pull that takes longer "
+                                         "is aborted on both sides")
     verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
                                  "each rollout's weights; a mismatch stops the run")
-    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, `latest` "
-                                    "(the run's newest; an error if none) or `auto` (the newest if any, else fresh)")
+    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, "
+                                    "`latest` (the run's newest; an error if none) or `auto` (the newest if "
+                                    "any, else fresh)")
     world_size: int = Field(1, ge=1, le=1024, description="learner processes the policy is sharded across "
                             "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
                             "(docs/deployment/multi-gpu-learner.md)")
 
     logprob_chunk_tokens: int = Field(0, ge=0, description="compute log-probs/entropies through the lm_head "
-                                      "this many tokens at a time, recomputing each chunk's logits in backward, "
-                                      "so full-vocabulary logits never exist for the whole micro-batch; "
-                                      "0 materialises all logits (e.g. 4096 for a 150k vocabulary)")
+                                      "this many tokens at a time, recomputing each chunk's logits in "
+                                      "backward, so full-vocabulary logits never exist for the whole "
+                                      "micro-batch; 0 materialises all logits (e.g. 4096 for a 150k "
+                                      "vocabulary)")
     pack_sequences: bool = Field(False, description="pack several samples into one model row (position ids "
                                  "restart per sample, block-diagonal causal attention) instead of padding; "
                                  "micro_batch_tokens then counts real tokens")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
-                                         "(non-reentrant): less memory, ~1/3 more compute; pair with a larger "
-                                         "micro_batch_tokens")
+                                         "(non-reentrant): less memory, ~1/3 more compute; pair with "
+                                         "a larger micro_batch_tokens")
 
     @model_validator(mode="after")
     def _sharded_options(self) -> LearnerConfig:
@@ -167,22 +176,25 @@ class LearnerConfig(ServiceEndpointConfig):
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
-        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict) and k in data)
+        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict)
+                       and k in data)
         if moved:
             raise ValueError(f"learner.{moved[0]} moved to algorithm.{moved[0]} (see docs/algorithms.md)")
         return data
 
 
 class ControllerConfig(Section):
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="interface the controller's status service binds")
     port: int = Field(0, ge=0, le=65535, description="status service port; 0 picks a free one")
-    max_steps: int = Field(40, ge=1)
+    max_steps: int = Field(40, ge=1, description="training steps (optimizer steps of the policy "
+                           "version) to run")
     prompts_per_step: int = Field(8, ge=1, description="groups per optimizer step")
     max_staleness: int = Field(1, ge=0, description="a group generated by version v may be trained at "
                                "step s only while s - v <= max_staleness; 0 is synchronous on-policy")
     prompts_per_request: int | None = Field(
         None, ge=1, description="prompts sent in one Generate call; null: as many as fill a replica's "
-        "rollout.max_batch_sequences (max_batch_sequences // n), at most prompts_per_step spread over the replicas")
+        "rollout.max_batch_sequences (max_batch_sequences // n), at most prompts_per_step spread over the "
+        "replicas")
     rpc_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one Generate/Score/Train call")
     connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")
     samples_per_step: int | None = Field(None, ge=0, description="samples written to samples/ per step; "
@@ -190,26 +202,39 @@ class ControllerConfig(Section):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one")
     eval_every: int = Field(0, ge=0, description="evaluate on data.val_files every N steps (and after the "
                             "last); logs val/<data_source>/accuracy; 0 never")
-    eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy (step 0)")
+    eval_before_train: bool = Field(True, description="with eval_every: also evaluate the initial policy "
+                                    "(step 0)")
     eval_n: int = Field(1, ge=1, le=1024, description="samples per validation prompt: 1 is greedy, more "
                         "sample at rollout.temperature and log pass@k")
-    resume: str | None = Field(None, description="continue a run: `latest` (its newest complete checkpoint) or "
-                               "a checkpoints/step_N folder; the learner, data cursor, groups in flight, step "
-                               "numbering and metrics.jsonl all continue from there")
-    service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed service to "
-                                  "come back (retrying) before it gives up")
+    resume: str | None = Field(None, description="continue a run: `latest` (its newest complete "
+                               "checkpoint) or a checkpoints/step_N folder; the learner, data cursor, groups "
+                               "in flight, step numbering and metrics.jsonl all continue from there")
+    service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed "
+                                  "service to come back (retrying) before it gives up")
 
 
 class JobConfig(Section):
-    run: RunConfig = Field(default_factory=RunConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    run: RunConfig = Field(default_factory=RunConfig,
+                           description="the run's name, output folder, seed and logging")
+    model: ModelConfig = Field(default_factory=ModelConfig,
+                               description="the policy model every service loads")
+    data: DataConfig = Field(default_factory=DataConfig,
+                             description="the training prompts (Parquet files, or the built-in task)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig,
+                                   description="the rollout service: generation backend and sampling")
+    reward: RewardConfig = Field(default_factory=RewardConfig,
+                                 description="the reward service: reward function, reward model or "
+                                             "weighted sources")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig,
+                                   description="the learner service: optimizer, checkpoints, weight sync")
+    controller: ControllerConfig = Field(default_factory=ControllerConfig,
+                                         description="the GRPO loop: batch sizes, staleness, steps, fault "
+                                                     "tolerance")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                     description="where metrics go besides metrics.jsonl: TensorBoard, "
+                                                 "Weights & Biases")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig,
+                                       description="the RL algorithm: preset and knobs (docs/algorithms.md)")
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="TLS, mutual TLS and a "
                                      "bearer token on every gRPC server and channel (docs/security.md)")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="largest requests services accept")
@@ -219,18 +244,24 @@ class JobConfig(Section):
         if self.rollout.n < 2:
             raise ValueError("rollout.n must be at least 2: GRPO compares samples within a group")
         if self.rollout.backend == "vllm" and self.learner.verify_weights:
-            raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused layers do not "
-                             "allow; watch rollout/logprob_diff_mean instead")
+            raise ValueError("learner.verify_weights compares weight digests, which vLLM's fused "
+                             "layers do not allow; watch rollout/logprob_diff_mean instead")
         if self.learner.world_size > 1 and self.learner.lora.rank > 0:
             raise ValueError("learner.world_size > 1 does not support learner.lora yet")
         if self.controller.prompts_per_request is None:  # resolved here, so config.yaml says what ran
             self.controller.prompts_per_request = default_prompts_per_request(self)
-        n, per_request, lim = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request, self.limits
+        n, per_request = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request
+        lim = self.limits
         if per_request > lim.max_prompts_per_request or n > lim.max_samples_per_prompt \
                 or per_request * n > lim.max_sequences_per_request:
-            raise ValueError(f"controller.prompts_per_request ({per_request}) x rollout.n ({n}) exceeds limits."
-                             "max_prompts_per_request, max_samples_per_prompt or max_sequences_per_request: the "
-                             "rollout service would refuse the controller's requests")
+            raise ValueError(f"controller.prompts_per_request ({per_request}) x rollout.n ({n}) "
+                             "exceeds limits.max_prompts_per_request, max_samples_per_prompt or "
+                             "max_sequences_per_request: the rollout service would refuse the controller's "
+                             "requests")
+        if self.learner.weight_sync_timeout_s > lim.max_weight_timeout_s:
+            raise ValueError(f"learner.weight_sync_timeout_s ({self.learner.weight_sync_timeout_s:g}) "
+                             f"exceeds limits.max_weight_timeout_s ({lim.max_weight_timeout_s:g}): the "
+                             "services would refuse the controller's weight-group requests")
         return self
 
     def to_yaml(self) -> str:
@@ -304,6 +335,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(loaded).__name__}")
+            raise ConfigError(f"config file {path} must hold a mapping of sections, not "
+                              f"{type(loaded).__name__}")
         data = {k: ({} if v is None else v) for k, v in (loaded or {}).items()}
     return validate_config(apply_overrides(data, list(overrides or [])))

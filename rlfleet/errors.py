@@ -31,6 +31,13 @@ class RequestTooLarge(RlfleetError, ValueError):
     grpc_code = "RESOURCE_EXHAUSTED"
 
 
+class Busy(RlfleetError, RuntimeError):
+    """The service is already doing this (a weight join, pull or push) and refuses a second one
+    instead of queueing it on a server thread."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
 class DataError(RlfleetError, ValueError):
     """A data file is missing, corrupt, or lacks a column."""
 

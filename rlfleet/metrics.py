@@ -76,7 +76,8 @@ class ServiceMetrics:
         try:
             server, _thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
-            raise ConfigError(f"{self.role}.metrics_port: cannot serve /metrics on {host}:{port}: {exc}") from None
+            raise ConfigError(f"{self.role}.metrics_port: cannot serve /metrics on "
+                              f"{host}:{port}: {exc}") from None
         return server.server_port
 
 

@@ -1,10 +1,11 @@
 """Config of reward sources and of the reward model (the `reward.sources` and `reward.model` keys).
 
-A job with no `reward.sources` scores every sample with the reward service that
-`rlfleet run` starts (`reward.fn`, or `reward.model` when its path is set). With
-`reward.sources`, the controller scores every sample with each source and trains
-on the weighted sum; a sample that any source could not score is left out of
-training and counted, never scored 0.
+Every sample is scored by the reward service that `rlfleet run` starts (or
+`reward.address`). With no `reward.sources` it scores with `reward.fn`, or
+`reward.model` when its path is set. With `reward.sources`, the reward service
+scores every sample with each source (services/reward/sources/) and the controller
+trains on the weighted sum; a sample that any source could not score is left out
+of training and counted, never scored 0.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class RewardModelConfig(_Section):
                              "when set the reward service scores with it instead of reward.fn")
     device: str = Field("auto", description="torch device of the reward model: auto, cpu, cuda, cuda:N; "
                         "auto takes the third GPU when there are several (rollout 0, learner 1)")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="weights' dtype; "
+                                                                     "auto: bfloat16 on a GPU, else float32")
     batch_size: int = Field(16, ge=1, description="sequences per forward pass")
     max_length: int = Field(2048, ge=8, description="tokens of prompt + response; longer inputs "
                             "lose the start of the prompt, never the response")
@@ -39,12 +41,12 @@ class RewardSourceConfig(_Section):
                                 "implementing rlfleet.v1.Reward")
     function: str | None = Field(None, description="a built-in reward (auto, gsm8k, math, exact_match, "
                                  "regex_match, format, length_penalty, code, digits) or pkg.module:function, "
-                                 "run inside the controller")
-    service: bool = Field(False, description="the reward service started by `rlfleet run` "
-                          "(or reward.address): the way to use reward.model or reward.fn as a source")
+                                 "run inside the reward service")
+    service: bool = Field(False, description="the reward service's own scorer (reward.model, else "
+                          "reward.fn): the way to use them as one of several sources")
     fleet_security: bool = Field(True, description="an address source: connect with the `security` section's "
-                                 "TLS and bearer token; false: plain gRPC without the token, for a server outside "
-                                 "the fleet's trust (docs/security.md)")
+                                 "TLS and bearer token; false: plain gRPC without the token, for a server "
+                                 "outside the fleet's trust (docs/security.md)")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="the sample's reward is the weighted sum")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a function "
                                    "source, e.g. {max_length: 200} for length_penalty")
@@ -78,8 +80,3 @@ def check_sources(sources: list[RewardSourceConfig]) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"reward.sources: duplicate names {duplicates}")
-
-
-def needs_reward_service(sources: list[RewardSourceConfig]) -> bool:
-    """Whether a job with these sources needs the built-in reward service."""
-    return not sources or any(s.service for s in sources)

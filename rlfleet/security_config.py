@@ -25,12 +25,13 @@ class SecurityConfig(BaseModel):
     tls_cert: str | None = Field(None, description="PEM certificate (chain) this process presents, as server "
                                  "and, with mutual TLS, as client; enables TLS on every server and channel")
     tls_key: str | None = Field(None, description="PEM private key of tls_cert")
-    tls_ca: str | None = Field(None, description="PEM CA bundle that verifies peers (servers, and clients when "
-                               "require_client_cert); null: the system's roots")
+    tls_ca: str | None = Field(None, description="PEM CA bundle that verifies peers (servers, and "
+                               "clients when require_client_cert); null: the system's roots")
     require_client_cert: bool = Field(False, description="mutual TLS: servers refuse clients without a "
                                       "certificate signed by tls_ca")
-    server_name: str | None = Field(None, description="name checked against the server certificate instead of "
-                                    "the host of the address (when the certificate names a DNS name)")
+    server_name: str | None = Field(None, description="name checked against the server certificate "
+                                    "instead of the host of the address (when the certificate names a "
+                                    "DNS name)")
     token: str | None = Field(None, min_length=16, description="bearer token every RPC must carry "
                               "(authorization: Bearer ...); prefer token_file")
     token_file: str | None = Field(None, description="file holding the bearer token (first line)")
@@ -76,6 +77,9 @@ class LimitsConfig(BaseModel):
     max_score_items: int = Field(65536, ge=1, description="items in one Score call")
     max_text_chars: int = Field(1 << 20, ge=1, description="characters of one prompt/response/ground truth/"
                                 "extra_info in a Score item")
-    max_weight_timeout_s: float = Field(3600.0, gt=0.0, description="largest timeout_s a weight-group RPC "
-                                        "may ask for")
+    max_weight_timeout_s: float = Field(600.0, gt=0.0, description="largest timeout_s a weight-group RPC "
+                                        "may ask for (a pending join or push holds a server thread "
+                                        "that long)")
     max_world_size: int = Field(1024, ge=2, description="largest weight-group world size")
+    max_health_watches: int = Field(4, ge=1, le=64, description="open health Watch streams one server serves "
+                                    "(health needs no token); more are refused with RESOURCE_EXHAUSTED")

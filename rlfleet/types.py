@@ -63,6 +63,16 @@ class ScoreResult:
     components: dict[str, float] = field(default_factory=dict)  # per reward source, before weighting
 
 
+class ScoredBatch(list):
+    """The ScoreResults of one Score call, in item order, with what scoring them cost per reward source
+    (`<source>/calls`, `<source>/errors`, …: rlfleet.reward_stats), which the reward service's combined
+    `reward.sources` report and any other scorer leaves empty."""
+
+    def __init__(self, results=(), source_metrics: dict[str, float] | None = None):
+        super().__init__(results)
+        self.source_metrics = dict(source_metrics or {})
+
+
 @dataclass(frozen=True)
 class TrainSample:
     prompt_ids: list[int]
@@ -78,13 +88,16 @@ class TrainBatch:
     step: int
     samples: list[TrainSample]
     temperature: float = 1.0
-    expected_version: int = -1  # -1: do not check
+    # The learner's version before this step. With it a repeated step returns its stored result instead
+    # of training again (services/learner/step_results.py). -1: no check (direct callers; RPC refuses it).
+    expected_version: int = -1
 
 
 @dataclass(frozen=True)
 class TrainResult:
     policy_version: int  # version after this optimizer step
     metrics: dict[str, float]
+    repeated: bool = False  # a repeat of a step already applied: this is its stored result
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,14 @@ def _key() -> ec.EllipticCurvePrivateKey:
 def _ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = _key()
     now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn))
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False,
                                          key_agreement=False, encipher_only=False, decipher_only=False),
                            critical=True)
             .sign(key, hashes.SHA256()))
@@ -60,7 +62,8 @@ def _leaf(cn: str, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, ser
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                .add_extension(x509.SubjectAlternativeName([
-                   x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False))
+                   x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                   critical=False))
     return builder.sign(ca_key, hashes.SHA256()), key
 
 

@@ -53,6 +53,10 @@ def render_prompt(raw: Any, tokenizer: Any) -> str:
     if isinstance(raw, str):
         return raw
     if isinstance(raw, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in raw):
+        for j, m in enumerate(raw):  # a template would render a number or a parts list as its repr, or crash
+            if not isinstance(m["content"], str):
+                raise DataError(f"chat message {j} has content of type {type(m['content']).__name__}; "
+                                "the content of every chat message must be a string")
         messages = [{"role": m.get("role", "user"), "content": m["content"]} for m in raw]
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -85,14 +89,18 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
         rows = _read_table(path, prompt_key)
         for i, row in enumerate(tqdm(rows, desc=f"tokenizing {path.name}", unit="prompt", disable=None,
                                      leave=False)):
-            text = render_prompt(row[prompt_key], tokenizer)
+            try:
+                text = render_prompt(row[prompt_key], tokenizer)
+            except DataError as exc:
+                raise DataError(f"data file {path}, row {i}, column {prompt_key!r}: {exc}") from None
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if len(ids) > max_prompt_length:
                 too_long += 1
                 continue
             extra = row.get("extra_info") or {}
             prompts.append(Prompt(index=offset + i, text=text, prompt_ids=ids,
-                                  data_source=str(row["data_source"]), ground_truth=_ground_truth(row, path, i),
+                                  data_source=str(row["data_source"]),
+                                  ground_truth=_ground_truth(row, path, i),
                                   extra_info=extra if isinstance(extra, dict) else {}))
         offset += len(rows)
     if too_long:

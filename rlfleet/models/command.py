@@ -9,9 +9,9 @@ from rlfleet.models.importer import DTYPES
 def add_parser(sub: argparse._SubParsersAction) -> None:
     model = sub.add_parser("model", help="prepare model folders")
     verbs = model.add_subparsers(dest="verb", required=True)
-    imp = verbs.add_parser("import", help="a .gguf file (any architecture transformers reads from GGUF) or an "
-                           "HF folder -> an HF folder (safetensors, config, tokenizer, chat template, generation "
-                           "config) for model.path / --model")
+    imp = verbs.add_parser("import", help="a .gguf file (any architecture transformers reads from "
+                           "GGUF) or an HF folder -> an HF folder (safetensors, config, tokenizer, chat "
+                           "template, generation config) for model.path / --model")
     imp.add_argument("src", help="a .gguf file or an HF model folder")
     imp.add_argument("--output", "-o", required=True, help="folder to write (must not exist or be empty)")
     imp.add_argument("--dtype", default="auto", choices=DTYPES,

@@ -34,8 +34,9 @@ def model_context(model_dir: Path) -> tuple[int, str] | None:
         return None
 
 
-def resolve_prompt_length(max_prompt_length: int | None, max_new_tokens: int, model_dir: Path, model_name: str,
-                          max_model_len: int | None = None, new_tokens_key: str = "rollout.max_new_tokens") -> int:
+def resolve_prompt_length(max_prompt_length: int | None, max_new_tokens: int, model_dir: Path,
+                          model_name: str, max_model_len: int | None = None,
+                          new_tokens_key: str = "rollout.max_new_tokens") -> int:
     """The prompt-length limit to filter data with; a clear error when prompt + response cannot fit."""
     found = model_context(model_dir)
     limit, what = (found[0], f"{found[1]} of model.path={model_name}") if found else (None, "")
@@ -49,8 +50,8 @@ def resolve_prompt_length(max_prompt_length: int | None, max_new_tokens: int, mo
     if max_prompt_length is None:
         return limit - max_new_tokens
     if max_prompt_length + max_new_tokens > limit:
-        raise ConfigError(f"data.max_prompt_length ({max_prompt_length}) + {new_tokens_key} ({max_new_tokens}) "
-                          f"= {max_prompt_length + max_new_tokens} tokens exceed the model's context of {limit} "
-                          f"({what}): lower data.max_prompt_length to at most {limit - max_new_tokens} "
-                          f"or leave it unset")
+        raise ConfigError(f"data.max_prompt_length ({max_prompt_length}) + {new_tokens_key} "
+                          f"({max_new_tokens}) = {max_prompt_length + max_new_tokens} tokens exceed the "
+                          f"model's context of {limit} ({what}): lower data.max_prompt_length to at "
+                          f"most {limit - max_new_tokens} or leave it unset")
     return max_prompt_length

@@ -45,8 +45,9 @@ class ImportReport:
     def lines(self) -> list[str]:
         ctx = self.context_length if self.context_length is not None else "unknown"
         template = "yes" if self.chat_template else "NO (prompts are used as is)"
-        shape = (f"  architecture {self.architecture}, {self.parameters / 1e6:.1f}M parameters, {self.layers} "
-                 f"layers, vocabulary {self.vocab_size}, context {ctx} tokens, saved as {self.dtype}")
+        shape = (f"  architecture {self.architecture}, {self.parameters / 1e6:.1f}M parameters, "
+                 f"{self.layers} layers, vocabulary {self.vocab_size}, context {ctx} tokens, "
+                 f"saved as {self.dtype}")
         return [f"imported {self.source_kind} -> {self.output}", shape,
                 f"  eos {self.eos_token!r}, chat template {template}",
                 f"  reloaded and checked: largest logit difference {self.max_logit_diff:.2e}"]
@@ -85,7 +86,8 @@ def _load_source(src: Path) -> tuple[str, Any, Any]:
 
     if src.is_dir():
         if not (src / "config.json").is_file():
-            raise ConfigError(f"{src}: a folder without config.json (an HF model folder or a .gguf file is needed)")
+            raise ConfigError(f"{src}: a folder without config.json (an HF model folder or a .gguf file "
+                              "is needed)")
         kind, kwargs = "hf", {}
     elif src.is_file():
         if not is_gguf(src):
@@ -115,7 +117,8 @@ def _clean_model(model: Any, dtype: str) -> Any:
     config = model.config
     quant = getattr(config, "quantization_config", None)
     if quant is not None and not _is_gguf_quantization(quant):
-        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", quant)
+        method = (quant.get("quant_method") if isinstance(quant, dict)
+                  else getattr(quant, "quant_method", quant))
         raise ConfigError(f"the model is quantized ({method}): its weights cannot be trained; "
                           "import the full-precision model instead")
     if hasattr(config, "quantization_config"):
@@ -126,15 +129,16 @@ def _clean_model(model: Any, dtype: str) -> Any:
     missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise ConfigError(f"the loaded weights do not fit the model's own config (missing {sorted(missing)[:3]}, "
-                          f"unexpected {sorted(unexpected)[:3]})")
+        raise ConfigError("the loaded weights do not fit the model's own config (missing "
+                          f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
     fresh.tie_weights()
     fresh.generation_config = model.generation_config
     return fresh.to(target)
 
 
 def _is_gguf_quantization(quant: Any) -> bool:
-    text = str(quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", quant))
+    text = str(quant.get("quant_method") if isinstance(quant, dict)
+               else getattr(quant, "quant_method", quant))
     return "gguf" in text.lower()
 
 
@@ -170,7 +174,8 @@ def context_length(config: Any) -> int | None:
     return None
 
 
-def import_model(src: str | Path, output: str | Path, dtype: str = "auto", force: bool = False) -> ImportReport:
+def import_model(src: str | Path, output: str | Path, dtype: str = "auto",
+                 force: bool = False) -> ImportReport:
     """Writes the clean HF folder `output` from `src` (a .gguf file or an HF folder)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -194,7 +199,8 @@ def import_model(src: str | Path, output: str | Path, dtype: str = "auto", force
         # Saving in a narrower dtype than the source moves logits by its rounding; float32 must be exact.
         limit = 1e-4 if dtype in ("auto", "float32") else 1.0
         if not diff <= limit:
-            raise ConfigError(f"the written model's logits differ from the source's by {diff:.3g} (limit {limit})")
+            raise ConfigError(f"the written model's logits differ from the source's by {diff:.3g} (limit "
+                              f"{limit})")
         if output.exists():
             shutil.rmtree(output) if output.is_dir() else output.unlink()
         umask = os.umask(0)
@@ -209,5 +215,6 @@ def import_model(src: str | Path, output: str | Path, dtype: str = "auto", force
                         parameters=sum(p.numel() for p in reloaded.parameters()),
                         layers=getattr(config, "num_hidden_layers", 0), vocab_size=config.vocab_size,
                         context_length=context_length(config), dtype=str(model.dtype).removeprefix("torch."),
-                        eos_token=tokenizer.eos_token, chat_template=bool(getattr(tokenizer, "chat_template", None)),
+                        eos_token=tokenizer.eos_token,
+                        chat_template=bool(getattr(tokenizer, "chat_template", None)),
                         max_logit_diff=diff)

@@ -13,7 +13,7 @@ from rlfleet.rpc.security import Security, secure_channel
 
 def open_channel(address: str, security: Security | None = None) -> grpc.Channel:
     """Every call made on it carries a request id (see rlfleet.rpc.request_id), and the bearer token and
-    TLS of `security` (default: the process's, rlfleet.rpc.security.use)."""
+    TLS of `security` (None: plain gRPC)."""
     return grpc.intercept_channel(secure_channel(address, security), RequestIdInterceptor())
 
 
@@ -27,9 +27,10 @@ def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def wait_until_serving(address: str, role: str, timeout_s: float, alive: callable = lambda: True) -> grpc.Channel:
+def wait_until_serving(address: str, role: str, timeout_s: float, alive: callable = lambda: True,
+                       security: Security | None = None) -> grpc.Channel:
     """Polls the health service until it says SERVING; raises ServiceUnavailable naming the address."""
-    channel = open_channel(address)
+    channel = open_channel(address, security)
     deadline = time.monotonic() + timeout_s
     status = "UNREACHABLE"
     while time.monotonic() < deadline:

@@ -23,7 +23,8 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> t.SamplingParams:
         seed=msg.seed if msg.HasField("seed") else None)
 
 
-def generate_request_to_proto(prompts: list[t.PromptRequest], params: t.SamplingParams) -> rollout_pb2.GenerateRequest:
+def generate_request_to_proto(prompts: list[t.PromptRequest],
+                              params: t.SamplingParams) -> rollout_pb2.GenerateRequest:
     return rollout_pb2.GenerateRequest(
         prompts=[rollout_pb2.PromptInput(request_id=p.request_id, prompt_ids=p.prompt_ids) for p in prompts],
         params=sampling_to_proto(params))
@@ -46,11 +47,13 @@ def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
 
 
 def group_to_proto(g: t.GroupResult) -> rollout_pb2.GroupResult:
-    return rollout_pb2.GroupResult(request_id=g.request_id, completions=[completion_to_proto(c) for c in g.completions])
+    return rollout_pb2.GroupResult(request_id=g.request_id,
+                                   completions=[completion_to_proto(c) for c in g.completions])
 
 
 def group_from_proto(msg: rollout_pb2.GroupResult) -> t.GroupResult:
-    return t.GroupResult(request_id=msg.request_id, completions=[completion_from_proto(c) for c in msg.completions])
+    return t.GroupResult(request_id=msg.request_id,
+                         completions=[completion_from_proto(c) for c in msg.completions])
 
 
 def score_items_to_proto(items: list[t.ScoreItem]) -> reward_pb2.ScoreRequest:
@@ -76,12 +79,17 @@ def score_items_from_proto(msg: reward_pb2.ScoreRequest) -> list[t.ScoreItem]:
 
 
 def score_results_to_proto(results: list[t.ScoreResult]) -> reward_pb2.ScoreResponse:
-    return reward_pb2.ScoreResponse(results=[
-        reward_pb2.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error) for r in results])
+    return reward_pb2.ScoreResponse(
+        results=[reward_pb2.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error,
+                                        components=r.components)
+                 for r in results],
+        source_metrics=results.source_metrics if isinstance(results, t.ScoredBatch) else {})
 
 
-def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> list[t.ScoreResult]:
-    return [t.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error) for r in msg.results]
+def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> t.ScoredBatch:
+    return t.ScoredBatch([t.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error,
+                                        components=dict(r.components)) for r in msg.results],
+                         dict(msg.source_metrics))
 
 
 def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:

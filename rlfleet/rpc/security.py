@@ -1,10 +1,9 @@
 """TLS credentials and the bearer-token check for every rlfleet server and channel.
 
 Each entry point (a service process, the controller, `rlfleet status`, `rlfleet
-health`) calls `use(cfg.security, cfg.limits)` once after loading its config;
-`ServiceServer` and `open_channel` then take their credentials, token and
-message limit from here unless given their own. With nothing configured they
-are plain gRPC, as before.
+health`) builds one `Security.from_config(cfg.security, cfg.limits)` after loading
+its config and passes it to every `ServiceServer` and `open_channel` it makes:
+there is no process-wide setting. Without one they are plain gRPC.
 
 Server side, `TokenInterceptor` refuses every RPC without `authorization: Bearer
 <token>` with UNAUTHENTICATED, except `grpc.health.v1.Health` (load balancers and
@@ -14,7 +13,7 @@ side, `TokenClientInterceptor` adds the header to every call.
 from __future__ import annotations
 
 import hmac
-import threading
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ class Security:
     server_name: str | None = None
     token: str | None = None
     max_message_bytes: int = 512 * 1024 * 1024
+    max_health_watches: int = 4
 
     @property
     def tls(self) -> bool:
@@ -47,10 +47,12 @@ class Security:
     def from_config(cls, cfg: SecurityConfig | None, limits: LimitsConfig | None = None) -> Security:
         cfg = cfg or SecurityConfig()
         limits = limits or LimitsConfig()
+        check_tls_files(cfg)
         return cls(cert=_read(cfg.tls_cert, "tls_cert"), key=_read(cfg.tls_key, "tls_key"),
                    ca=_read(cfg.tls_ca, "tls_ca"), require_client_cert=cfg.require_client_cert,
                    server_name=cfg.server_name, token=cfg.read_token(),
-                   max_message_bytes=limits.max_message_mb * 1024 * 1024)
+                   max_message_bytes=limits.max_message_mb * 1024 * 1024,
+                   max_health_watches=limits.max_health_watches)
 
     # ---- gRPC pieces ----------------------------------------------------------------------------
 
@@ -81,6 +83,31 @@ class Security:
         return [TokenClientInterceptor(self.token)] if self.token else []
 
 
+def check_tls_files(cfg: SecurityConfig) -> None:
+    """Parses the PEM files with the stdlib's OpenSSL, so a bad file is named here rather than
+    surfacing later as grpc's "Failed to bind to address" (a server) or a failed handshake."""
+    for key in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(cfg, key)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"security.{key} {path}: cannot read: no such file")
+    if cfg.tls_ca is not None:
+        try:
+            ssl.create_default_context(cafile=cfg.tls_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"security.tls_ca {cfg.tls_ca}: not a PEM CA certificate ({exc})") from None
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        return
+    try:  # the certificate alone first: a failure of the pair after that is the key's
+        ssl.create_default_context(cafile=cfg.tls_cert)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_cert {cfg.tls_cert}: not a PEM certificate ({exc})") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"security.tls_key {cfg.tls_key}: not a PEM private key matching security.tls_cert "
+                          f"{cfg.tls_cert} ({exc})") from None
+
+
 def _read(path: str | None, key: str) -> bytes | None:
     if path is None:
         return None
@@ -88,29 +115,6 @@ def _read(path: str | None, key: str) -> bytes | None:
         return Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"security.{key} {path}: cannot read: {exc}") from None
-
-
-_lock = threading.Lock()
-_current = Security()
-_limits = LimitsConfig()
-
-
-def use(cfg: SecurityConfig | None, limits: LimitsConfig | None = None) -> Security:
-    """Makes `cfg` this process's security (and `limits` its request limits) for servers, servicers and
-    channels that are not given their own."""
-    global _current, _limits
-    security = Security.from_config(cfg, limits)
-    with _lock:
-        _current, _limits = security, limits or LimitsConfig()
-    return security
-
-
-def current() -> Security:
-    return _current
-
-
-def current_limits() -> LimitsConfig:
-    return _limits
 
 
 def token_digest(token: str, message: str) -> str:
@@ -136,25 +140,23 @@ class TokenInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method or ""
         if method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
-        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k == AUTHORIZATION), None)
+        sent = next((v for k, v in (handler_call_details.invocation_metadata or ()) if k
+                     == AUTHORIZATION), None)
         if sent is not None and hmac.compare_digest(sent.encode() if isinstance(sent, str) else sent,
                                                     self._expected):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
         details = "missing bearer token" if sent is None else "invalid bearer token"
-        if handler is None:  # unknown method: still answer UNAUTHENTICATED, do not reveal what exists
-            return grpc.unary_unary_rpc_method_handler(_refuse(details))
-        # The request is never parsed for a caller without the token (raw bytes, no deserializer).
         deny = _refuse(details)
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
+        # The caller's request is never *read*, let alone parsed: a handler that takes a request
+        # stream and never iterates it answers from the headers alone. (A unary handler would
+        # first receive the whole message, up to max_message_mb, before it could refuse it.)
+        # Unknown methods get the same answer, so a caller without the token learns nothing.
+        if handler is not None and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
                                                          handler.response_serializer)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(lambda it, ctx: deny(None, ctx), None,
-                                                        handler.response_serializer)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny, None, handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(deny, None, handler.response_serializer)
+        return grpc.stream_unary_rpc_method_handler(lambda _requests, ctx: deny(None, ctx), None,
+                                                    handler.response_serializer if handler else None)
 
 
 class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
@@ -187,8 +189,8 @@ class TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamC
 
 def secure_channel(address: str, security: Security | None = None,
                    extra_options: list[tuple[str, object]] | None = None) -> grpc.Channel:
-    """A channel with this process's (or `security`'s) TLS, token and message limit; no other interceptor."""
-    security = security or current()
+    """A channel with `security`'s TLS, token and message limit (None: plain gRPC); no other interceptor."""
+    security = security or Security()
     options = [*security.options, *(extra_options or [])]
     creds = security.channel_credentials()
     channel = grpc.secure_channel(address, creds, options=options) if creds else \

@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from rlfleet.errors import ConfigError
 from rlfleet.rpc.malformed import MalformedRequestInterceptor
 from rlfleet.rpc.security import Security
-from rlfleet.rpc.security import current as current_security
+from rlfleet.rpc.watch_limit import WatchLimit
 
 log = structlog.get_logger(__name__)
 
@@ -33,11 +33,17 @@ GRPC_OPTIONS = [
 class ServiceServer:
     def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16,
                  security: Security | None = None):
-        """`security`: TLS, token and message limit (rlfleet.rpc.security); default: the process's."""
+        """`security`: TLS, token and message limit (rlfleet.rpc.security); None: plain gRPC."""
         self.service_names = service_names
-        self.security = security = security or current_security()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=security.options,
-                                   interceptors=[*security.server_interceptors(), MalformedRequestInterceptor()])
+        self.security = security = security or Security()
+        # SO_REUSEPORT off: a second server on a taken port must fail, not silently split the clients.
+        options = [*security.options, ("grpc.so_reuseport", 0)]
+        # Watch streams get threads of their own, so they cannot starve the work.
+        watches = WatchLimit(security.max_health_watches)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers + watches.limit),
+                                   options=options,
+                                   interceptors=[*security.server_interceptors(), watches,
+                                                 MalformedRequestInterceptor()])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -48,10 +54,11 @@ class ServiceServer:
             creds = security.server_credentials()
             self.port = (self._server.add_secure_port(f"{host}:{port}", creds) if creds is not None
                          else self._server.add_insecure_port(f"{host}:{port}"))
-        except RuntimeError as exc:
-            raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
+        except RuntimeError:  # grpc's own text is about verbosity flags; say what usually went wrong
+            self.port = 0
         if self.port == 0:
-            raise ConfigError(f"cannot bind {host}:{port} (address in use or not local)")
+            raise ConfigError(f"cannot bind {host}:{port}: the port is already in use (another service?) "
+                              "or the address is not one of this machine's")
         self.host = host
         self._stopped = threading.Event()
 

@@ -3,11 +3,18 @@
 The port is bound before the (slow) model load so the address is known at once;
 health says NOT_SERVING until the load finished. The bound address is announced
 in `<run_dir>/services/<role>.json` for `rlfleet run` and `rlfleet status`.
+
+A load that fails for a reason a restart cannot change (a config value, a data file, a
+damaged checkpoint: ConfigError, DataError, CheckpointError) ends the process with exit code
+LOAD_FAILED_EXIT after writing its one-line error to `<run_dir>/services/<name>.load-error`,
+so `rlfleet run` reports that line and does not restart the service (rlfleet/app/supervisor.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,13 +24,46 @@ import structlog
 import torch
 
 from rlfleet.config import JobConfig, ServiceEndpointConfig
+from rlfleet.errors import CheckpointError, ConfigError, DataError
 from rlfleet.logging import set_log_fields, setup_logging
 from rlfleet.metrics import ServiceMetrics
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.server import ServiceServer
 
 log = structlog.get_logger(__name__)
 
 PARENT_PID_ENV = "RLFLEET_PARENT_PID"  # set by `rlfleet run` on the services it starts
+LOAD_FAILED_EXIT = 78  # sysexits' EX_CONFIG: failed while loading, for a reason a restart cannot change
+DETERMINISTIC_LOAD_ERRORS = (ConfigError, DataError, CheckpointError)
+
+
+def load_error_path(run_dir: Path, name: str) -> Path:
+    return run_dir / "services" / f"{name}.load-error"
+
+
+def read_load_error(run_dir: Path, name: str) -> str | None:
+    """The one-line error a service of this run wrote when it failed while loading, if any."""
+    try:
+        return load_error_path(run_dir, name).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _exit_while_loading(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)
+
+
+def _fail_loading(run_dir: Path, name: str, server: ServiceServer, exc: BaseException) -> None:
+    message = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, whatever the error spans
+    log.error("failed while loading; not worth a restart", error=message)
+    path = load_error_path(run_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(message + "\n")
+    os.replace(tmp, path)
+    print(f"rlfleet: the {name} service failed while loading: {message}", file=sys.stderr, flush=True)
+    server.stop(grace_s=0)
+    sys.exit(LOAD_FAILED_EXIT)
 
 
 def _process_gone(pid: int) -> bool:
@@ -42,7 +82,8 @@ def stop_when_parent_exits(server: ServiceServer, parent_pid: int, poll_s: float
     def watch() -> None:
         while not server.stopped.wait(poll_s):
             if _process_gone(parent_pid):
-                log.warning("the rlfleet run that started this service is gone; stopping", parent_pid=parent_pid)
+                log.warning("the rlfleet run that started this service is gone; stopping",
+                            parent_pid=parent_pid)
                 server.stop()
                 return
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
@@ -55,15 +96,18 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name or role}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address, "metrics_port": metrics_port,
+    tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address,
+                               "metrics_port": metrics_port,
                                "pid": os.getpid(), "started": time.time()}))
     os.replace(tmp, path)
     return path
 
 
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
-                add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None) -> None:
-    """`servicer` must have `attach(core)`; `load()` builds the core and attaches it."""
+                add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None,
+                security: Security | None = None) -> None:
+    """`servicer` must have `attach(core)`; `load()` builds the core and attaches it. `security`: the
+    server's TLS and token (default: built from cfg.security and cfg.limits)."""
     name = name or role
     setup_logging(name, cfg.run.log_level, cfg.run.dir / "logs" / f"{name}.log", run=cfg.run.name)
     if cfg.run.threads_per_service:
@@ -72,15 +116,23 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
     if role != "reward":  # every line says which policy version the service holds when it is logged
         set_log_fields(policy_version=metrics.policy_version_now)
     metrics_port = metrics.serve(endpoint.host, endpoint.metrics_port)
-    server = ServiceServer(service_names, endpoint.host, endpoint.port)
+    security = security or Security.from_config(cfg.security, cfg.limits)
+    server = ServiceServer(service_names, endpoint.host, endpoint.port, security=security)
     server.add(add_fn, servicer)
-    server.install_signal_handlers()
+    # Until it serves, SIGTERM ends the process at once: a model load cannot be interrupted, and a
+    # service stopped while loading (its run failed or was stopped) holds nothing worth a clean stop.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_while_loading)
     server.start()
     if os.environ.get(PARENT_PID_ENV):
         stop_when_parent_exits(server, int(os.environ[PARENT_PID_ENV]))
     announce(cfg.run.dir, role, server.address, metrics_port, name)
     servicer.metrics_port = metrics_port
     log.info("loading", role=role, address=server.address, metrics_port=metrics_port)
-    load()
+    try:
+        load()
+    except DETERMINISTIC_LOAD_ERRORS as exc:
+        _fail_loading(cfg.run.dir, name, server, exc)
+    server.install_signal_handlers()  # from now on a signal stops it cleanly, letting RPCs finish
     server.mark_serving()
     server.wait()

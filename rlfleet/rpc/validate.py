@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.sample_checks import check_sample_shape
 from rlfleet.security_config import LimitsConfig
-from services.learner.batching import check_sample_shape
 
 BACKENDS = ("gloo", "nccl")
 MAX_STOP_STRINGS = 64
@@ -38,7 +38,8 @@ def _ids(ids: Iterable[int], what: str, vocab_size: int | None) -> None:
 
 def _temperature(value: float, zero: str) -> None:
     if not (value == 0 or MIN_TEMPERATURE <= value <= MAX_TEMPERATURE):  # also refuses NaN
-        raise InvalidRequest(f"temperature must be 0 ({zero}) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+        raise InvalidRequest(f"temperature must be 0 ({zero}) or in [{MIN_TEMPERATURE:g}, "
+                             f"{MAX_TEMPERATURE:g}], "
                              f"got {value}")
 
 
@@ -49,12 +50,14 @@ def _count(n: int, limit: int, what: str, key: str) -> None:
 
 def _text(value: str, limit: int, what: str) -> None:
     if len(value) > limit:
-        raise RequestTooLarge(f"{what} has {len(value)} characters, more than limits.max_text_chars = {limit}")
+        raise RequestTooLarge(f"{what} has {len(value)} characters, more than limits.max_text_chars "
+                              f"= {limit}")
 
 
 def _timeout(value: float, limits: LimitsConfig) -> None:
     if not (value == 0 or MIN_TIMEOUT_S <= value):  # also refuses NaN
-        raise InvalidRequest(f"timeout_s must be 0 (the default) or at least {MIN_TIMEOUT_S:g} s, got {value}")
+        raise InvalidRequest(f"timeout_s must be 0 (the default) or at least {MIN_TIMEOUT_S:g} s, "
+                             f"got {value}")
     if value > limits.max_weight_timeout_s:
         raise InvalidRequest(f"timeout_s {value:g} exceeds limits.max_weight_timeout_s = "
                              f"{limits.max_weight_timeout_s:g}")
@@ -107,8 +110,12 @@ def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
     _count(len(request.samples), limits.max_train_samples, "train samples", "max_train_samples")
     if request.step < 0:
         raise InvalidRequest(f"step must be >= 0, got {request.step}")
-    if request.HasField("expected_version") and request.expected_version < -1:
-        raise InvalidRequest(f"expected_version must be >= 0 (or unset), got {request.expected_version}")
+    # Required: it keys the step, so a retried Train returns the stored result instead of training twice.
+    if not request.HasField("expected_version") or request.expected_version < 0:
+        got = request.expected_version if request.HasField("expected_version") else "unset"
+        raise InvalidRequest("expected_version must be the learner's policy version before this step (>= "
+                             "0), got "
+                             f"{got}: without it a retried Train could train twice")
     _temperature(request.temperature, "0 means 1.0")
     for i, s in enumerate(request.samples):
         check_sample_shape(i, s)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.errors import InvalidRequest, WeightSyncError  # InvalidRequest is a ValueError
+from rlfleet.weights.sealed_store import SealedStore, check_channels, round_secret
 
 _PROTOCOL = 2  # bumped when the wire format (header/manifest/buckets) changes; 2: header + layout on change
 _KEY_ROOT = "rlfleet/weights"
@@ -47,6 +48,23 @@ def _split_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise InvalidRequest(f"weight group address must be 'host:port', got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def _listen(host: str, port: int) -> int:
+    """A listening socket bound to `host` only; returns its descriptor, which the store then owns."""
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does; not REUSEPORT
+            sock.bind(sockaddr)
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise WeightSyncError(f"cannot bind the weight store to {host}:{port}: {exc}") from None
+    return sock.detach()
 
 
 class WeightGroup:
@@ -85,8 +103,10 @@ class WeightGroup:
         """Rank 0: start the TCPStore (port 0 = OS-assigned) and return at once.
 
         With `token`, connect() admits only ranks that prove they hold the same token."""
+        # TCPStore binds every interface when it opens the port itself; hand it a socket bound
+        # to `host` only, the address that is announced to the ranks.
         store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+                              wait_for_workers=False, master_listen_fd=_listen(host, port))
         addr = f"[{host}]:{store.port}" if ":" in host else f"{host}:{store.port}"
         return cls(store, 0, world_size, backend, timeout_s, device, addr, token)
 
@@ -139,9 +159,15 @@ class WeightGroup:
             self._broken = f"weight group generation {generation}: {who} within {self.timeout_s:g}s"
             raise WeightSyncError(self._broken) from e
         self._admit(store, generation)
+        # With a token the group is built on the sealed view: only admitted processes, which hold
+        # the token, can find and read its rendezvous (rlfleet.weights.sealed_store).
+        secret = round_secret(self._token, store.get("auth/nonce").decode()) if self._token else None
         try:
-            self._pg = self._make_pg(store)
+            self._pg = self._make_pg(SealedStore(store, secret) if secret else store)
+            if secret and self.backend == "gloo":
+                check_channels(self._pg, self.rank, self.world_size, secret, self.timeout_s)
         except Exception as e:
+            self._drop(abort=True)
             self._broken = f"building {self.backend} weight group failed: {e}"
             raise WeightSyncError(self._broken) from e
         self._generation, self._broken = generation, None
@@ -175,7 +201,8 @@ class WeightGroup:
         try:
             verdict = store.get("auth/verdict").decode()
         except Exception as e:
-            self._broken = f"weight group generation {generation}: no admission verdict from the learner ({e})"
+            self._broken = (f"weight group generation {generation}: no admission verdict from the learner "
+                            f"({e})")
             raise WeightSyncError(self._broken) from e
         if verdict != "ok":
             self._broken = (f"weight group generation {generation}: the learner refused rank(s) "
@@ -189,7 +216,8 @@ class WeightGroup:
             # host (or a network namespace) may not reach: bind the interface that routes to the store.
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
+            opts._devices = [
+                dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
             return dist.ProcessGroupGloo(store, self.rank, self.world_size, opts)
         opts = dist.ProcessGroupNCCL.Options()
         # NCCL's watchdog kills the process when a collective outlives its timeout,
@@ -205,7 +233,8 @@ class WeightGroup:
         """Issues a broadcast without waiting, so several can be in flight (finish() each, in order)."""
         if self._pg is None:
             if self._broken is not None:
-                raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new generation")
+                raise WeightSyncError(f"weight group is broken ({self._broken}); reconnect with a new "
+                                      "generation")
             self.connect()
         assert self._pg is not None
         opts = dist.BroadcastOptions()
@@ -249,7 +278,8 @@ class WeightGroup:
         while not work.is_completed():
             now = time.monotonic()
             if now > deadline:
-                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank {self.rank}")
+                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank "
+                                      f"{self.rank}")
             time.sleep(min(0.01, max(2e-5, (now - start) / 16)))
         work.wait()  # re-raises a stored error; makes the current stream wait for NCCL's
 

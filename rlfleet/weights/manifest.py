@@ -82,7 +82,8 @@ class Manifest:
         doc = {"format": FORMAT, "version": self.version,
                "entries": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "bucket": e.bucket,
                             "offset": e.offset, "numel": e.numel} for e in self.entries],
-               "buckets": [{"dtype": b.dtype, "numel": b.numel, "checksum": list(b.checksum)} for b in self.buckets]}
+               "buckets": [{"dtype": b.dtype, "numel": b.numel, "checksum": list(b.checksum)}
+                           for b in self.buckets]}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     def layout(self) -> Manifest:
@@ -131,7 +132,8 @@ def layout_digest(data: bytes) -> tuple[int, ...]:
     return tuple(int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, 32, 8))
 
 
-def encode_header(version: int, buckets: int, layout_bytes: int, flags: int, digest: tuple[int, ...]) -> list[int]:
+def encode_header(version: int, buckets: int, layout_bytes: int, flags: int,
+                  digest: tuple[int, ...]) -> list[int]:
     return [version, buckets, layout_bytes, flags, *digest]
 
 
@@ -187,7 +189,8 @@ def checksum(flat: torch.Tensor) -> tuple[int, int]:
         raw = raw.clone()
     n2 = raw.numel() // 2 * 2
     words = raw[:n2].view(torch.int16)
-    weights = torch.arange(min(_CHUNK, max(words.numel(), 1)), dtype=torch.int64, device=raw.device) % _MOD + 1
+    weights = torch.arange(min(_CHUNK, max(words.numel(), 1)), dtype=torch.int64,
+                           device=raw.device) % _MOD + 1
     s1 = torch.zeros((), dtype=torch.int64, device=raw.device)
     s2 = torch.zeros((), dtype=torch.int64, device=raw.device)
     for start in range(0, words.numel(), _CHUNK):

@@ -104,7 +104,8 @@ class WeightReceiver:
         group.cache["layout"] = (digest, layout)
         return layout
 
-    def _buffers(self, digest: tuple[int, ...], layout: Manifest) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def _buffers(self, digest: tuple[int, ...],
+                 layout: Manifest) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         """Receive buckets and the named views into them; kept across pushes with ``reuse_buffers``."""
         if self._staging is not None and self._staging[0] == digest:
             return self._staging[1], self._staging[2]
@@ -112,13 +113,15 @@ class WeightReceiver:
         device = self.group.device
         buckets = [torch.empty(spec.numel, dtype=dtype_from_name(spec.dtype), device=device)
                    for spec in layout.buckets]
-        tensors = {e.name: buckets[e.bucket][e.offset:e.offset + e.numel].view(e.shape) for e in layout.entries}
+        tensors = {e.name: buckets[e.bucket][e.offset:e.offset + e.numel].view(e.shape)
+                   for e in layout.entries}
         if self.reuse_buffers:
             self._staging = (digest, buckets, tensors)
         return buckets, tensors
 
 
-def apply_to_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor], strict: bool = True) -> list[str]:
+def apply_to_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor],
+                    strict: bool = True) -> list[str]:
     """Copy tensors into the module's parameters and buffers, casting dtype/device as needed.
 
     Everything is checked before anything is written, so a failure leaves the module

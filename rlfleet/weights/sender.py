@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.weights.group import WeightGroup
-from rlfleet.weights.manifest import (DEFAULT_BUCKET_BYTES, FLAG_CHECKSUMS, Manifest, checksum, dtype_from_name,
+from rlfleet.weights.manifest import (DEFAULT_BUCKET_BYTES, FLAG_CHECKSUMS, Manifest, checksum,
+                                      dtype_from_name,
                                       encode_header, layout_digest, plan_buckets)
 
 
@@ -42,7 +43,8 @@ class _Plan:
 class WeightSender:
     """Pushes named tensors from rank 0 to every other rank of a WeightGroup."""
 
-    def __init__(self, group: WeightGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksums: bool = True) -> None:
+    def __init__(self, group: WeightGroup, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 checksums: bool = True) -> None:
         if group.rank != 0:
             raise ValueError(f"WeightSender must run on rank 0, this group is rank {group.rank}")
         if bucket_bytes <= 0:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.sample_checks import check_sample_shape
 from rlfleet.types import TrainSample
 from services.learner.packing import PackedLayout
 from services.learner.packing import pack as pack_layout
@@ -27,17 +28,6 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.response_mask_B_T.sum().item())
-
-
-def check_sample_shape(i: int, s: TrainSample) -> None:
-    """Token lists present and one behaviour logprob per response token (a TrainSample or its proto)."""
-    if not s.prompt_ids:
-        raise InvalidRequest(f"sample {i}: prompt_ids is empty")
-    if not s.response_ids:
-        raise InvalidRequest(f"sample {i}: response_ids is empty")
-    if len(s.behaviour_logprobs) != len(s.response_ids):
-        raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
-                             f"{len(s.response_ids)} response tokens")
 
 
 def validate_samples(samples: list[TrainSample], max_seq_len: int | None = None) -> None:

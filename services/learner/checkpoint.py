@@ -5,8 +5,10 @@ the tokenizer, `optimizer.pt`, `trainer_state.pt` (RNG states of python, numpy a
 the critic's weights and optimizer when PPO trains one, an LR scheduler's state if any)
 and `meta.json` (step, policy version, and the size of every file). It is built in
 `step_N.tmp-<pid>` and renamed to `step_N` only when complete, with `meta.json` written
-last, so a half-written one is never picked. Loading checks every file against the sizes
-in `meta.json`; a missing or truncated file is a CheckpointError naming it.
+last, so a half-written one is never picked. `meta.json` records each file's size and sha256
+(rlfleet/checkpoint_files.py); loading checks both, so a missing, truncated or damaged file is
+a CheckpointError naming it, and `latest`/`auto` take the newest checkpoint that passes,
+warning about each newer one passed over.
 """
 from __future__ import annotations
 
@@ -14,18 +16,20 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlfleet.checkpoint_files import META, file_manifest, first_good, read_meta, verify_folder
 from rlfleet.errors import CheckpointError
 
-META = "meta.json"
+__all__ = ["META", "read_meta"]  # re-exported: callers find a checkpoint's names here
 OPTIMIZER = "optimizer.pt"
 TRAINER_STATE = "trainer_state.pt"
-FORMAT = 2
+FORMAT = 3  # 3: files carry a sha256 besides their size
 
 
 def rng_state() -> dict[str, Any]:
@@ -78,7 +82,7 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: An
     if scheduler is not None:
         trainer["scheduler"] = scheduler.state_dict()
     torch.save(trainer, tmp / TRAINER_STATE)
-    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    files = file_manifest(tmp)
     for name in files:  # the data is on disk before meta.json says the checkpoint is complete
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
@@ -91,50 +95,80 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: An
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The highest complete step_N folder (one with meta.json), or None."""
-    best: tuple[int, Path] | None = None
+def complete_checkpoints(root: Path) -> dict[int, Path]:
+    """Every complete step_N folder under root (one with meta.json), by step."""
+    found = {}
     for child in root.glob("step_*"):
         suffix = child.name.removeprefix("step_")
-        if suffix.isdigit() and (child / META).is_file() and (best is None or int(suffix) > best[0]):
-            best = (int(suffix), child)
-    return best[1] if best else None
+        if suffix.isdigit() and (child / META).is_file():
+            found[int(suffix)] = child
+    return found
+
+
+def newest_first(root: Path) -> list[Path]:
+    """The complete step_N folders under root, newest first."""
+    found = complete_checkpoints(root)
+    return [found[step] for step in sorted(found, reverse=True)]
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The highest complete step_N folder (one with meta.json), or None. Its content is not checked."""
+    found = newest_first(root)
+    return found[0] if found else None
+
+
+def resumable_checkpoints(root: Path, wanted: Callable[[int], bool] = lambda step: True,
+                          known_good: Path | None = None) -> dict[int, Path]:
+    """The checkpoints under root that a `latest` resume can take, by step: walking the complete ones
+    newest first, each is checked against its digests (a damaged one is passed over with a warning
+    naming the bad file) until the first intact one whose step is `wanted`. Older ones are not read:
+    hashing a large model's checkpoint takes a minute, and a resume takes the newest that is whole.
+    `known_good`: a folder already checked (the one the learner restored from), not read again."""
+    found: dict[int, Path] = {}
+    for folder in newest_first(root):
+        if known_good is None or folder.resolve() != known_good.resolve():
+            good, _ = first_good([folder])
+            if good is None:
+                continue
+        step = int(folder.name.removeprefix("step_"))
+        found[step] = folder
+        if wanted(step):
+            break
+    return found
 
 
 def resolve_checkpoint(root: Path, spec: str | None) -> Path | None:
-    """`latest` -> the newest complete checkpoint under root (CheckpointError if none); `auto` ->
-    the same or None; a path -> that folder (it must be complete); None/"" -> None."""
+    """`latest` -> the newest checkpoint under root whose files match their digests, passing over
+    damaged newer ones with a warning (CheckpointError if there is none); `auto` -> the same, or None
+    when root holds no checkpoint at all; a path -> that folder (it must be complete and pass the same
+    check); None/"" -> None. A returned folder has been verified: restore it with verified=True."""
     if not spec:
         return None
     if spec in ("latest", "auto"):
-        found = latest_checkpoint(root)
-        if found is None and spec == "latest":
+        candidates = newest_first(root)
+        if not candidates:
+            if spec == "auto":
+                return None
             raise CheckpointError(f"no complete checkpoint under {root} to resume from")
+        found, rejected = first_good(candidates)
+        if found is None:  # starting fresh would silently throw the run's progress away
+            raise CheckpointError(f"no usable checkpoint under {root}: {'; '.join(rejected)}")
         return found
     path = Path(spec)
     if not (path / META).is_file():
         raise CheckpointError(f"checkpoint {path} is missing or incomplete (no {META})")
+    verify_folder(path)
     return path
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((path / META).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path} has no readable {META}: {exc}") from None
-
-
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """meta.json, after checking every file it lists is there with its recorded size."""
-    meta = read_meta(path)
-    for name, size in meta.get("files", {}).items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
-        if file.stat().st_size != size:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, "
-                                  f"{size} were written")
-    return meta
+    """meta.json, after checking every file it lists is there with its recorded size and sha256."""
+    return verify_folder(path)
+
+
+def _first_line(exc: BaseException) -> str:
+    """torch and safetensors explain a damaged file over many lines; an error here is one line."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def _load(path: Path, what: str) -> Any:
@@ -142,7 +176,8 @@ def _load(path: Path, what: str) -> Any:
         # weights_only: a checkpoint folder may come from elsewhere; never unpickle arbitrary objects.
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises several types for a damaged file
-        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {what} ({path.name}): {exc}") from None
+        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {what} ({path.name}): "
+                              f"{_first_line(exc)}") from None
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -151,7 +186,8 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {path.name}: {exc}") from None
+        raise CheckpointError(f"checkpoint {path.parent} is corrupt: cannot read {path.name}: "
+                              f"{_first_line(exc)}") from None
 
 
 def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
@@ -184,16 +220,19 @@ def _load_model_weights(path: Path, model: torch.nn.Module) -> None:
                               f"unexpected {unexpected[:3]}")
 
 
-def restore_learner(learner: Any, path: Path) -> dict[str, Any]:
+def restore_learner(learner: Any, path: Path, verified: bool = False) -> dict[str, Any]:
     """Loads a checkpoint into a freshly built Learner: weights (or adapters), optimizer, critic,
-    LR scheduler, RNG states, step and policy version. Returns the checkpoint's meta."""
-    meta = verify_checkpoint(path)
+    LR scheduler, RNG states, step and policy version. Returns the checkpoint's meta.
+    `verified`: resolve_checkpoint already checked the files' digests (reading them all once more
+    costs a minute on a 7B model's checkpoint)."""
+    meta = read_meta(path) if verified else verify_checkpoint(path)
     with learner._lock:
         _load_model_weights(path, learner.model)
         try:
             learner.optimizer.load_state_dict(_load(path / OPTIMIZER, "the optimizer state"))
         except (ValueError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {path}: optimizer state does not fit this model: {exc}") from None
+            raise CheckpointError(f"checkpoint {path}: optimizer state does not fit this "
+                                  f"model: {exc}") from None
         trainer = _load(path / TRAINER_STATE, "the trainer state") if (path / TRAINER_STATE).is_file() else {}
         critic = getattr(getattr(learner, "update", None), "critic", None)
         if critic is not None:
@@ -208,4 +247,6 @@ def restore_learner(learner: Any, path: Path) -> dict[str, Any]:
             set_rng_state(trainer["rng"])
         learner.version = int(meta.get("policy_version", meta["step"]))
         learner.step = int(meta["step"])
+        if hasattr(learner, "step_results"):
+            learner.step_results.clear()
     return meta

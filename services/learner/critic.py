@@ -37,7 +37,8 @@ def clipped_value_loss(values_B_T: torch.Tensor, old_values_B_T: torch.Tensor, r
         loss_B_T = 0.5 * torch.maximum(unclipped_B_T, clipped_sq_B_T)
         clipped_B_T = clipped_sq_B_T > unclipped_B_T
     loss = weighted_sum(loss_B_T, mask_B_T, weights_B_T)
-    return loss, masked_token_mean(loss_B_T.detach(), mask_B_T), masked_token_mean(clipped_B_T.float(), mask_B_T)
+    return (loss, masked_token_mean(loss_B_T.detach(), mask_B_T),
+            masked_token_mean(clipped_B_T.float(), mask_B_T))
 
 
 class Critic:
@@ -45,7 +46,8 @@ class Critic:
                  betas: tuple[float, float], weight_decay: float, grad_clip: float, value_clip: float | None):
         # No dropout before the value head: it would make the value targets noisy for nothing.
         config = AutoConfig.from_pretrained(model_path, num_labels=1, classifier_dropout=0.0)
-        self.model = AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=dtype).to(device)
+        self.model = AutoModelForTokenClassification.from_pretrained(model_path, config=config,
+                                                                     dtype=dtype).to(device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas,
                                            weight_decay=weight_decay, fused=device.type == "cuda")
@@ -73,7 +75,8 @@ class Critic:
             share = mb.num_tokens / max(total_tokens, 1)
             sums["critic/vf_loss"] += float(vf_loss) * share
             sums["critic/vf_clipfrac"] += float(clipfrac) * share
-            sums["critic/vpred_mean"] += float(masked_token_mean(values_B_T.detach(), mb.response_mask_B_T)) * share
+            sums["critic/vpred_mean"] += float(masked_token_mean(values_B_T.detach(),
+                                                                 mb.response_mask_B_T)) * share
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         sums["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         self.optimizer.step()

@@ -61,7 +61,8 @@ def torchrun_env() -> tuple[int, int, int] | None:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def init_learner_world(expected_size: int, device_spec: str, first_gpu: int, timeout_s: float) -> LearnerWorld:
+def init_learner_world(expected_size: int, device_spec: str, first_gpu: int,
+                       timeout_s: float) -> LearnerWorld:
     """Join torchrun's default process group (gloo on CPU, NCCL on GPUs: GPU first_gpu + local rank)."""
     from rlfleet.devices import resolve_device
     from rlfleet.errors import ConfigError
@@ -69,8 +70,8 @@ def init_learner_world(expected_size: int, device_spec: str, first_gpu: int, tim
     env = torchrun_env()
     if env is None:
         raise ConfigError(f"learner.world_size={expected_size} needs torchrun: start it with `python -m "
-                          f"torch.distributed.run --standalone --nproc-per-node {expected_size} -m rlfleet.cli "
-                          "serve learner …` (rlfleet run does this)")
+                          f"torch.distributed.run --standalone --nproc-per-node {expected_size} -m "
+                          "rlfleet.app.cli serve learner …` (rlfleet run does this)")
     rank, world_size, local_rank = env
     if world_size != expected_size:
         raise ConfigError(f"learner.world_size={expected_size} but torchrun started {world_size} processes")
@@ -80,7 +81,8 @@ def init_learner_world(expected_size: int, device_spec: str, first_gpu: int, tim
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None)
-    return LearnerWorld(rank, world_size, local_rank, device, device if backend == "nccl" else torch.device("cpu"))
+    return LearnerWorld(rank, world_size, local_rank, device,
+                        device if backend == "nccl" else torch.device("cpu"))
 
 
 def exit_learner_world(code: int = 0) -> NoReturn:
@@ -123,7 +125,8 @@ def send_batch(world: LearnerWorld, batch: TrainBatch) -> None:
     logprobs = torch.tensor([x for s in samples for x in s.behaviour_logprobs], dtype=torch.float64)
     floats = torch.tensor([batch.temperature] + [v for s in samples for v in (s.advantage, s.reward)],
                           dtype=torch.float64)
-    send_command(world, Op.TRAIN, batch.step, batch.expected_version, len(samples), ids.numel(), logprobs.numel())
+    send_command(world, Op.TRAIN, batch.step, batch.expected_version, len(samples), ids.numel(),
+                 logprobs.numel())
     for t in (lengths, ids, logprobs, floats):
         _broadcast(t, world)
 
@@ -166,6 +169,10 @@ class LearnerFront:
         return self.learner.step
 
     @property
+    def checkpoint_dir(self) -> Path:
+        return self.learner.checkpoint_dir
+
+    @property
     def model(self):
         """The sharded policy (the servicer reads its vocabulary size to validate token ids)."""
         return self.learner.model
@@ -187,6 +194,9 @@ class LearnerFront:
         validate_samples(batch.samples, self.learner.max_seq_len)
         with self._serial():
             self._check()
+            repeat = self.learner.step_results.lookup(batch)  # before the other ranks hear of it
+            if repeat is not None:
+                return repeat
             if batch.expected_version >= 0 and batch.expected_version != self.learner.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.learner.version}")
@@ -204,11 +214,13 @@ class LearnerFront:
             if sender is None or group is None:
                 raise NotReady("no weight group: call OpenWeightGroup first")
             if version != self.learner.version:
-                raise VersionMismatch(f"push of version {version} asked, learner is at {self.learner.version}")
+                raise VersionMismatch(f"push of version {version} asked, learner is at "
+                                      f"{self.learner.version}")
             # Wait for the rollouts before the other ranks start gathering: a rollout that never
             # comes fails this push here, with the learner world still in step.
             group.connect()
-            send_command(self.world, Op.PUSH, version, sender.bucket_bytes, int(sender.checksums), int(digest))
+            send_command(self.world, Op.PUSH, version, sender.bucket_bytes, int(sender.checksums),
+                         int(digest))
             # A WeightSyncError (a rollout failed) leaves the ranks in step: rank 0 finished the gathers.
             return self._run(lambda: self.learner.push_weights(version, digest=digest), "weight push",
                              in_step=(WeightSyncError,))

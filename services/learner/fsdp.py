@@ -72,7 +72,8 @@ class ShardedPolicyUpdate(PolicyUpdate):
              world_size: int) -> ShardedPolicyUpdate:
         return cls(update.model, optimizer, update.algo, grad_clip=update.grad_clip,
                    micro_batch_tokens=update.micro_batch_tokens, pad_id=update.pad_id, device=update.device,
-                   loss_scale_tokens=update.loss_scale_tokens, reference=update.reference, critic=update.critic,
+                   loss_scale_tokens=update.loss_scale_tokens, reference=update.reference,
+                   critic=update.critic,
                    rank=rank, world_size=world_size)
 
     def _share(self, mini: list[Prepared]) -> list[tuple[Prepared, bool]]:
@@ -161,7 +162,8 @@ class ShardedLearner(Learner):
             stats = super().push_weights(version, digest=False)
         except WeightSyncError:
             if sender is not None:
-                self._gather_from(self.gather_plan(version, sender.bucket_bytes, sender.checksums), sender.packed)
+                self._gather_from(self.gather_plan(version, sender.bucket_bytes, sender.checksums),
+                                  sender.packed)
                 if digest:
                     self.weights_digest()
             raise
@@ -224,19 +226,22 @@ class ShardedLearner(Learner):
             if self.rank == 0:
                 path = save_checkpoint(self.checkpoint_dir, step, _GatheredModel(self.model, model_state),
                                        self.tokenizer, _GatheredOptimizer(optim_state),
-                                       {"policy_version": self.version, "learner_world_size": self.world_size})
+                                       {"policy_version": self.version,
+                                        "learner_world_size": self.world_size})
             dist.barrier()  # the others return once the checkpoint exists
             return path
 
-    def restore(self, path: Path) -> dict[str, Any]:
-        """Loads a checkpoint written by save_checkpoint (on every rank: each keeps its shard)."""
+    def restore(self, path: Path, verified: bool = False) -> dict[str, Any]:
+        """Loads a checkpoint written by save_checkpoint (on every rank: each keeps its shard).
+        `verified`: resolve_checkpoint already checked its files against their digests."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint import state_dict as dcp
 
         from rlfleet.errors import CheckpointError
-        from services.learner.checkpoint import OPTIMIZER, TRAINER_STATE, set_rng_state, verify_checkpoint
+        from services.learner.checkpoint import (OPTIMIZER, TRAINER_STATE, read_meta, set_rng_state,
+                                                 verify_checkpoint)
 
-        meta = verify_checkpoint(path)
+        meta = read_meta(path) if verified else verify_checkpoint(path)
         with self._lock:
             state: dict[str, torch.Tensor] = {}
             for shard in sorted(p for p in path.glob("*.safetensors") if not p.name.startswith("adapter_")):
@@ -245,8 +250,9 @@ class ShardedLearner(Learner):
                 state["lm_head.weight"] = state["model.embed_tokens.weight"]  # save_pretrained leaves it out
             optim = torch.load(path / OPTIMIZER, weights_only=True)
             if any(isinstance(k, int) for k in optim.get("state", {})):
-                raise CheckpointError(f"checkpoint {path} was written by a learner with world_size 1; its optimizer "
-                                      "state cannot be sharded (start from its weights with a fresh run)")
+                raise CheckpointError(f"checkpoint {path} was written by a learner with world_size 1; its "
+                                      "optimizer state cannot be sharded (start from its weights with a "
+                                      "fresh run)")
             full = dcp.StateDictOptions(full_state_dict=True)
             try:
                 dcp.set_model_state_dict(self.model, state, options=full)
@@ -259,6 +265,7 @@ class ShardedLearner(Learner):
                     set_rng_state(trainer["rng"])
             self.version = int(meta.get("policy_version", meta["step"]))
             self.step = int(meta["step"])
+            self.step_results.clear()
         return meta
 
 

@@ -23,6 +23,7 @@ from services.learner.batching import validate_samples
 from services.learner.checkpoint import save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.schedule import build_lr_scheduler, warmup_steps
+from services.learner.step_results import StepResults
 from services.learner.update import build_policy_update
 
 log = structlog.get_logger(__name__)
@@ -58,12 +59,14 @@ class Learner:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_seq_len = getattr(self.model.config, "max_position_embeddings", None)
         # The algorithm's pieces (reference, critic, losses) live in update.py; see docs/algorithms.md.
-        self.update = build_policy_update(self.model, self.optimizer, self.algorithm, cfg, model_path=model_path,
+        self.update = build_policy_update(self.model, self.optimizer, self.algorithm, cfg,
+                                          model_path=model_path,
                                           device=device, dtype=dtype, pad_id=self.pad_id,
                                           max_response_tokens=max_response_tokens)
         self.version = 0
         self.step = 0
         self._lock = threading.Lock()  # a train step and a weight push never overlap
+        self.step_results = StepResults()  # a repeated Train gets its stored result (Train is retried)
         self._group: WeightGroup | None = None
         self._sender: WeightSender | None = None
 
@@ -71,6 +74,11 @@ class Learner:
     def train(self, batch: TrainBatch) -> TrainResult:
         validate_samples(batch.samples, self.max_seq_len)
         with self._lock:
+            repeat = self.step_results.lookup(batch)
+            if repeat is not None:
+                log.warning("train step repeated; returning its stored result, training nothing",
+                            step=batch.step, expected_version=batch.expected_version)
+                return repeat
             if batch.expected_version >= 0 and batch.expected_version != self.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.version}")
@@ -80,7 +88,9 @@ class Learner:
             self.version += 1
             self.step = batch.step
             metrics["timing/learner_step_s"] = time.perf_counter() - start
-            return TrainResult(policy_version=self.version, metrics=metrics)
+            result = TrainResult(policy_version=self.version, metrics=metrics)
+            self.step_results.record(batch, result)
+            return result
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
         cfg = self.cfg
@@ -133,6 +143,7 @@ class Learner:
     def save_checkpoint(self, step: int) -> Path:
         with self._lock:
             return save_checkpoint(self.checkpoint_dir, step, self.model, self.tokenizer, self.optimizer,
-                                   {"policy_version": self.version}, critic=getattr(self.update, "critic", None),
+                                   {"policy_version": self.version},
+                                   critic=getattr(self.update, "critic", None),
                                    scheduler=getattr(self, "scheduler", None))
 

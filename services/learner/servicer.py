@@ -1,14 +1,17 @@
 """Learner gRPC servicer: converts and delegates to Learner."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlfleet import types as t
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
-from rlfleet.rpc.security import current, current_limits
+from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
+from services.learner.checkpoint import read_meta, resumable_checkpoints
 from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
@@ -26,17 +29,22 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
 
     def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
                  weight_token: str | None = None) -> None:
-        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
-        self.limits = limits or current_limits()
-        self.weight_token = weight_token or current().token
+        """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
+        the weight group's rendezvous is signed with (security.token; None: unsigned)."""
+        self.limits = limits or LimitsConfig()
+        self.weight_token = weight_token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
+        self.restored_from: Path | None = None
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
+        self.weight_ops = Exclusive("learner")  # one open or push at a time, the others refused at once
 
-    def attach(self, learner: Learner) -> None:
+    def attach(self, learner: Learner, restored_from: Path | None = None) -> None:
+        """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints)."""
         self.learner = learner
+        self.restored_from = restored_from
 
     def _ready(self) -> Learner:
         if self.learner is None:
@@ -51,7 +59,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
-        self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
+        if not result.repeated:  # a repeat trained nothing
+            self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
 
     @rpc_method
@@ -59,15 +68,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.open_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
-                                                     token=self.weight_token)
+        with self.weight_ops.hold("OpenWeightGroup"):
+            address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
+                                                         token=self.weight_token)
         return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
 
     @rpc_method
     def PushWeights(self, request, context):
         learner = self._ready()
         validate.version(request.version)
-        stats = learner.push_weights(request.version, digest=request.digest)
+        with self.weight_ops.hold("PushWeights"):
+            stats = learner.push_weights(request.version, digest=request.digest)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))
@@ -77,6 +88,18 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.version(request.step, "step")
         return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
+
+    @rpc_method
+    def ListCheckpoints(self, request, context):
+        learner = self._ready()
+        # The newest checkpoint that passes its digests (damaged newer ones left out, with a warning).
+        found = resumable_checkpoints(learner.checkpoint_dir, known_good=self.restored_from)
+        reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
+            learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
+        if self.restored_from is not None:
+            step = int(read_meta(self.restored_from)["step"])
+            reply.restored_from.CopyFrom(learner_pb2.CheckpointInfo(step=step, path=str(self.restored_from)))
+        return reply
 
     @rpc_method
     def GetStatus(self, request, context):

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
+from rlfleet.advantages.token import AdvantageInputs, broadcast
 from rlfleet.algorithm import AlgorithmConfig
 from rlfleet.types import TrainBatch
-from services.learner.algorithms.advantages import ADVANTAGES, AdvantageInputs
 from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS, BatchCounts
 from services.learner.algorithms.kl import KL_ESTIMATORS
 from services.learner.algorithms.objective import ObjectiveSettings, micro_batch_objective
@@ -79,7 +80,7 @@ class PolicyUpdate:
         self.loss_scale_tokens = loss_scale_tokens
         self.reference, self.critic = reference, critic
         self.forward = forward  # how logits and inputs are laid out (services/learner/forward.py)
-        self.estimator = ADVANTAGES.get(algo.advantage)
+        self.estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage)
         self.correction = OFF_POLICY.get(algo.off_policy)
         self.weights_of = LOSS_AGGREGATIONS.get(algo.loss_agg)
         self.kl_of = KL_ESTIMATORS.get(algo.kl_estimator)
@@ -106,15 +107,16 @@ class PolicyUpdate:
             p.ref_logprobs_B_T = self.reference.logprobs(mb, temperature, self.forward)
         if self.algo.kl_in_reward:
             p.kl_penalty_B_T = self.algo.kl_coef * self.kl_of(p.old_logprobs_B_T, p.ref_logprobs_B_T)
-            means.add_tokens({"actor/reward_kl_penalty": masked_token_mean(p.kl_penalty_B_T, mb.response_mask_B_T)},
-                             mb.num_tokens)
+            means.add_tokens(
+                {"actor/reward_kl_penalty": masked_token_mean(p.kl_penalty_B_T, mb.response_mask_B_T)},
+                mb.num_tokens)
         if self.critic is not None:
             p.values_B_T = self.critic.values(mb)
         return p
 
     # ---- 2. advantages --------------------------------------------------------------------
     def _estimate(self, prepared: list[Prepared], means: _Means) -> None:
-        outputs = self.estimator.estimate(
+        outputs = (self.estimator.token or broadcast)(
             [AdvantageInputs(p.mb.rewards_B, p.mb.advantages_B, p.mb.response_mask_B_T, p.kl_penalty_B_T,
                              p.values_B_T) for p in prepared], self.algo.gamma, self.algo.lam)
         for p, out in zip(prepared, outputs):
@@ -132,7 +134,8 @@ class PolicyUpdate:
         # The entropy is always a metric; it is differentiated only when it is in the loss.
         logprobs_B_T, entropy_B_T = policy_logprobs(self.model, mb, temperature, self.forward,
                                                     entropy_grad=self.algo.entropy_coef > 0)
-        correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T, mb.response_mask_B_T,
+        correction = self.correction.apply(mb.behaviour_logprobs_B_T, p.old_logprobs_B_T,
+                                           mb.response_mask_B_T,
                                            self.algo.is_cap)
         out = micro_batch_objective(logprobs_B_T, p.advantages_B_T, mb.response_mask_B_T,
                                     self.weights_of(mb.response_mask_B_T, counts), correction, self.objective,
@@ -192,8 +195,9 @@ def build_policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if algo.kl_coef > 0:
         reference = AdapterDisabledReference(model) if is_lora(model) else FrozenCopyReference(model)
     critic = None
-    if ADVANTAGES.get(algo.advantage).needs_values:
-        critic = Critic(model_path, device, dtype, lr=algo.critic_lr or learner_cfg.lr, betas=learner_cfg.betas,
+    if ADVANTAGE_ESTIMATORS.get(algo.advantage).needs_values:
+        critic = Critic(model_path, device, dtype, lr=algo.critic_lr or learner_cfg.lr,
+                        betas=learner_cfg.betas,
                         weight_decay=learner_cfg.weight_decay, grad_clip=learner_cfg.grad_clip,
                         value_clip=algo.value_clip)
     return PolicyUpdate(model, optimizer, algo, grad_clip=learner_cfg.grad_clip,

@@ -1,11 +1,14 @@
 """Ranks of a sharded learner (learner.world_size > 1, one process per rank under torchrun).
 
-Rank 0 is the gRPC learner service (rlfleet.serve.serve_sharded_learner; announced,
-health-checked, SIGTERM-aware like any other); ranks > 0 serve nothing: they load their shard and then run whatever rank 0 announces
-(``distributed.receive_command``) until it says stop. A rank that fails exits non-zero, and
-torchrun then stops the whole world, so a broken learner is seen as a dead service.
+Rank 0 is the gRPC learner service (rlfleet.app.serve.serve_sharded_learner; announced,
+health-checked, SIGTERM-aware like any other); ranks > 0 serve nothing: they load their shard and then run
+whatever rank 0 announces (``distributed.receive_command``) until it says stop. A rank that fails exits
+non-zero, and torchrun then stops the whole world, so a broken learner is seen as a dead service.
 """
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -32,7 +35,8 @@ def follow(learner, world: LearnerWorld) -> None:
             learner.save_checkpoint(args[0])
 
 
-def build_sharded_learner(cfg: JobConfig, world: LearnerWorld):
+def build_sharded_learner(cfg: JobConfig, world: LearnerWorld) -> tuple[Any, Path | None]:
+    """This rank's ShardedLearner, and the checkpoint it was restored from (None: fresh)."""
     from rlfleet.devices import resolve_dtype
     from rlfleet.models.resolve import resolve_model_path
     from services.learner.checkpoint import resolve_checkpoint
@@ -45,6 +49,6 @@ def build_sharded_learner(cfg: JobConfig, world: LearnerWorld):
                              total_steps=cfg.controller.max_steps)
     checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
     if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
-        learner.restore(checkpoint)
+        learner.restore(checkpoint, verified=True)
         log.info("restored", checkpoint=str(checkpoint), policy_version=learner.version, rank=world.rank)
-    return learner
+    return learner, checkpoint

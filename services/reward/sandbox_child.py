@@ -114,7 +114,8 @@ def install_guard(root: str) -> None:
         elif event in _PATH_EVENTS:
             for arg in args:
                 if isinstance(arg, (str, bytes, os.PathLike)) and not _inside(arg, root):
-                    raise SandboxViolation(f"sandbox: {event} on {arg!r} outside the working directory refused")
+                    raise SandboxViolation(f"sandbox: {event} on {arg!r} outside the working "
+                                           "directory refused")
 
     sys.addaudithook(guard)
 

@@ -7,7 +7,6 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import reward_pb2, reward_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
-from rlfleet.rpc.security import current_limits
 from rlfleet.security_config import LimitsConfig
 from services.reward.scorer import RewardScorer
 
@@ -18,8 +17,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     role = "reward"
 
     def __init__(self, limits: LimitsConfig | None = None) -> None:
-        """`limits`: defaults to the process's (rlfleet.rpc.security.use)."""
-        self.limits = limits or current_limits()
+        """`limits`: the largest requests served (default: LimitsConfig's)."""
+        self.limits = limits or LimitsConfig()
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.scorer: RewardScorer | None = None

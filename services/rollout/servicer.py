@@ -7,7 +7,7 @@ from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
-from rlfleet.rpc.security import current, current_limits
+from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.rollout.engine import RolloutEngine
 
@@ -18,13 +18,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     role = "rollout"
 
     def __init__(self, limits: LimitsConfig | None = None, weight_token: str | None = None) -> None:
-        """`limits`, `weight_token`: default to the process's (rlfleet.rpc.security.use)."""
-        self.limits = limits or current_limits()
-        self.weight_token = weight_token or current().token
+        """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
+        the weight group's rendezvous is signed with (security.token; None: unsigned)."""
+        self.limits = limits or LimitsConfig()
+        self.weight_token = weight_token
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
         self.last_error = ""
+        self.weight_ops = Exclusive("rollout")  # one join or pull at a time, the others refused at once
 
     def attach(self, engine: RolloutEngine) -> None:
         self.engine = engine
@@ -52,17 +54,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         engine = self._ready()
         validate.join_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        engine.join_weight_group(request.address, request.rank, request.world_size, request.backend, timeout_s,
-                                 token=self.weight_token)
+        with self.weight_ops.hold("JoinWeightGroup"):
+            engine.join_weight_group(request.address, request.rank, request.world_size, request.backend,
+                                     timeout_s, token=self.weight_token)
         return rollout_pb2.JoinWeightGroupResponse()
 
     @rpc_method
     def PullWeights(self, request, context):
         engine = self._ready()
         validate.version(request.version)
-        stats = engine.pull_weights(request.version)
-        if request.digest:
-            stats["digest"] = engine.weights_digest()
+        with self.weight_ops.hold("PullWeights"):
+            stats = engine.pull_weights(request.version)
+            if request.digest:
+                stats["digest"] = engine.weights_digest()
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         self.metrics.policy_version.labels(self.role).set(stats["version"])
         return rollout_pb2.PullWeightsResponse(version=int(stats["version"]), bytes=int(stats["bytes"]),
@@ -74,5 +78,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             role=self.role, ready=self.engine is not None,
             policy_version=self.engine.policy_version if self.engine else 0,
             in_flight=self.metrics.in_flight_now() - 1,  # not counting this call
-            last_error=self.last_error, stats={**self.metrics.load_stats(),
-                                                              "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)}, metrics_port=self.metrics_port))
+            last_error=self.last_error,
+            stats={**self.metrics.load_stats(),
+                   "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)},
+            metrics_port=self.metrics_port))

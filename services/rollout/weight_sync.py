@@ -30,13 +30,15 @@ class InProcessWeightSync:
 
     def join(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
              token: str | None = None) -> None:
+        # The store connect can take the whole timeout: made outside the lock, so a join to an
+        # address that does not answer never holds up a pull of the current group.
+        group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
+                                 timeout_s=timeout_s,
+                                 device=transfer_device(backend, self.device), token=token)
         with self._lock:
             if self._group is not None:
                 self._group.close()
-            self._group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                           timeout_s=timeout_s, device=transfer_device(backend, self.device),
-                                           token=token)
-            self._receiver = WeightReceiver(self._group, reuse_buffers=True)
+            self._group, self._receiver = group, WeightReceiver(group, reuse_buffers=True)
 
     def pull(self, version: int) -> dict[str, float]:
         """Receives the broadcast of `version` and swaps it in; generation keeps serving the old
@@ -53,4 +55,5 @@ class InProcessWeightSync:
                 self._group, self._receiver = None, None
                 raise
             self._apply(received.tensors, received.version)
-            return {"version": received.version, "bytes": received.nbytes, "seconds": time.perf_counter() - start}
+            return {"version": received.version, "bytes": received.nbytes,
+                    "seconds": time.perf_counter() - start}

@@ -1,7 +1,7 @@
 """Parse an `rlfleet …` argument list exactly as the `rlfleet` command does, and load its config.
 
 Deployment files (compose.yaml, the systemd units, the Slurm script) spell rlfleet command lines;
-these helpers run them through `rlfleet.cli.build_parser` and `rlfleet.config.load_config`.
+these helpers run them through `rlfleet.app.cli.build_parser` and `rlfleet.config.load_config`.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlfleet.cli import build_parser
+from rlfleet.app.cli import build_parser
 from rlfleet.config import JobConfig, load_config
 
 
 def parse_cli(argv: list[str]) -> argparse.Namespace:
-    """`rlfleet.cli.main`'s parsing: argparse, then stray `key=value` items become overrides."""
+    """`rlfleet.app.cli.main`'s parsing: argparse, then stray `key=value` items become overrides."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     stray = [item for item in extra if "=" not in item or item.startswith("-")]

@@ -111,8 +111,8 @@ def test_the_context_holds_the_package_and_nothing_local():
     assert {
         "pyproject.toml",
         "README.md",
-        "rlfleet/cli.py",
-        "rlfleet/health_cli.py",
+        "rlfleet/app/cli.py",
+        "rlfleet/app/health_cli.py",
         "services/learner/servicer.py",
         "controller/main.py",
     } <= context
@@ -145,7 +145,7 @@ def test_the_copied_sources_build_a_complete_package(tmp_path):
         names = set(zf.namelist())
         zf.extractall(tmp_path / "site")
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert re.search(r"^rlfleet = rlfleet\.cli:main$", entry_points, re.MULTILINE)
+    assert re.search(r"^rlfleet = rlfleet\.app\.cli:main$", entry_points, re.MULTILINE)
     expected = {
         p.relative_to(REPO).as_posix()
         for pkg in ("rlfleet", "services", "controller")
@@ -155,9 +155,9 @@ def test_the_copied_sources_build_a_complete_package(tmp_path):
     assert expected <= names, f"missing from the image's package: {sorted(expected - names)[:10]}"
     # The installed package (not this checkout) answers the entrypoint's command.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import rlfleet, rlfleet.cli; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import rlfleet, rlfleet.app.cli; "
         "assert rlfleet.__file__.startswith(sys.argv[1]), rlfleet.__file__; "
-        "sys.argv = ['rlfleet', 'health', '--help']; rlfleet.cli.main()"
+        "sys.argv = ['rlfleet', 'health', '--help']; rlfleet.app.cli.main()"
     )
     run = subprocess.run(
         [sys.executable, "-I", "-c", code, str(tmp_path / "site")],

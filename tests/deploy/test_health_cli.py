@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rlfleet.cli import main
+from rlfleet.app.cli import main
 from rlfleet.rpc.server import ServiceServer
 from tests.e2e.conftest import REPO
 
@@ -90,7 +90,7 @@ def test_the_command_exit_status(server):
 
     def run() -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "rlfleet.cli", "health", server.address],
+            [sys.executable, "-m", "rlfleet.app.cli", "health", server.address],
             cwd=REPO,
             check=False,
             capture_output=True,

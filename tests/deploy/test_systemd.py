@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rlfleet.rpc.service_main import LOAD_FAILED_EXIT
 from tests.deploy.cli_args import load_job, parse_cli
 from tests.deploy.systemd_units import (
     UNITS,
@@ -140,6 +141,7 @@ def test_restart_policies_ordering_and_the_target():
         assert values(unit, "Service", "KillMode") == ["mixed"]  # SIGTERM to rlfleet, which drains
         if role in SERVICES:
             assert values(unit, "Service", "Restart") == ["on-failure"]
+            assert values(unit, "Service", "RestartPreventExitStatus") == [str(LOAD_FAILED_EXIT)]  # no retry
             assert values(unit, "Service", "ExecStartPost"), (
                 "units ordered after it would not wait for SERVING"
             )
@@ -147,7 +149,7 @@ def test_restart_policies_ordering_and_the_target():
     after = " ".join(values(controller, "Unit", "After")).split()
     assert {f"rlfleet-{role}@%i.service" for role in SERVICES} <= set(after)
     assert values(controller, "Service", "Restart") == ["no"]  # it does not resume a run
-    # SIGTERM stops it cleanly with 128+15 (rlfleet/interrupt.py): `systemctl stop` is not a failure.
+    # SIGTERM stops it cleanly with 128+15 (rlfleet/app/interrupt.py): `systemctl stop` is not a failure.
     assert values(controller, "Service", "SuccessExitStatus") == ["143"]
 
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def rlfleet(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rlfleet.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlfleet.app.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
 
 

@@ -33,7 +33,8 @@ def first_last(lines: list[dict], key: str) -> tuple[float, float]:
 
 def assert_learns(lines: list[dict]) -> None:
     first, last = first_last(lines, "reward/mean")
-    assert last - first >= MIN_RISE, f"reward {first:.3f} -> {last:.3f}: {[round(m['reward/mean'], 2) for m in lines]}"
+    rewards = [round(m["reward/mean"], 2) for m in lines]
+    assert last - first >= MIN_RISE, f"reward {first:.3f} -> {last:.3f}: {rewards}"
 
 
 @pytest.mark.parametrize("name", ["dr_grpo", "rloo", "reinforce_pp", "dapo", "gspo"])
@@ -45,7 +46,8 @@ def test_preset_learns(run_dir, name):
     assert_learns(lines)
     if name == "reinforce_pp":  # KL in the reward against the frozen reference
         assert all("actor/reward_kl_penalty" in m for m in lines)
-    if name == "dapo":  # overlong shaping is on; dynamic sampling dropped groups and the loop made up for them
+    # overlong shaping is on; dynamic sampling dropped groups and the loop made up for them
+    if name == "dapo":
         assert all("reward/overlong_penalty_mean" in m for m in lines)
         assert sum(m["dynamic_sampling/filtered_groups"] for m in lines) > 0
 

@@ -1,8 +1,8 @@
 """External reward servers as separate processes: training on one, and the conformance check.
 
 The training run gets its reward only from a reward server started here as its
-own process (the SDK serving the built-in digits reward); `rlfleet run` starts
-no reward service. The Node.js example server is checked with `rlfleet reward
+own process (the SDK serving the built-in digits reward), which the reward service
+`rlfleet run` starts calls as its only source. The Node.js example server is checked with `rlfleet reward
 check`; npm installs its two packages first (skipped only where node/npm are absent).
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.e2e
 NODE_EXAMPLE = REPO / "examples" / "reward-server-node"
 
 
-def start_server(cmd: list[str], cwd: Path, marker: str, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+def start_server(cmd: list[str], cwd: Path, marker: str,
+                 timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
     """Starts a server process that prints `<marker>HOST:PORT` once it serves."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
@@ -52,7 +53,8 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def sdk_digits_server() -> Iterator[str]:
-    proc, address = start_server([sys.executable, "-m", "rlfleet.cli", "reward", "serve", "digits", "--port", "0"],
+    proc, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits",
+                                  "--port", "0"],
                                  REPO, "serving on ")
     yield address
     stop_server(proc)
@@ -76,7 +78,8 @@ def test_training_rewarded_only_by_an_external_server(run_dir, sdk_digits_server
                    f"reward.sources=[{{name: ext, address: '{sdk_digits_server}', weight: 1.0}}]")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run_dir / "external"
-    assert not (out / "services" / "reward.json").exists()  # no reward service was started
+    # The reward service composes reward.sources: it calls the external server, the controller calls it.
+    assert (out / "services" / "reward.json").exists()
     lines = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in lines] == list(range(1, steps + 1))
     for m in lines:
@@ -104,7 +107,8 @@ def test_node_example_passes_the_conformance_check(node_example):
         assert check.returncode == 0, check.stdout + check.stderr
         assert "0 FAIL" in check.stdout and "health" in check.stdout
         digits = rlfleet("reward", "check", address, "--item",
-                         '{"data_source": "digits_reverse", "response": "4321", "ground_truth": "4321"}', timeout=120)
+                         '{"data_source": "digits_reverse", "response": "4321", "ground_truth": "4321"}',
+                         timeout=120)
         assert digits.returncode == 0, digits.stdout
     finally:
         stop_server(proc)
@@ -126,11 +130,12 @@ def test_short_run_rewarded_by_the_node_server(run_dir, node_example):
 
 @pytest.mark.slow
 def test_reward_server_dying_mid_run_stops_it_with_a_clear_error(run_dir):
-    server, address = start_server([sys.executable, "-m", "rlfleet.cli", "reward", "serve", "digits", "--port",
+    server, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits",
+                                    "--port",
                                     "0"], REPO, "serving on ")
     metrics = run_dir / "dies" / "metrics.jsonl"
     run = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}", "run.name=dies",
+        [sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}", "run.name=dies",
          "controller.max_steps=40", "reward.max_consecutive_failures=64",
          (f"reward.sources=[{{name: ext, address: '{address}', max_retries: 1, backoff_s: 0.05, "
          f"circuit_failures: 2, circuit_cooldown_s: 1.0}}]")],

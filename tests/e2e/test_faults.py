@@ -68,7 +68,7 @@ def test_run_survives_a_killed_service(run_dir, victim):
     run = run_dir / victim
     # The rollout is killed while it generates (longer responses make that window wide).
     extra = ("rollout.max_new_tokens=48",) if victim == "rollout" else ()
-    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}",
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}",
                              f"run.name={victim}", *ARGS, *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -88,7 +88,8 @@ def test_run_survives_a_killed_service(run_dir, victim):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
-    assert f"the {victim} service (pid {pid}) exited with code -9" in err and "restarting it (1/2)" in err, err
+    assert f"the {victim} service (pid {pid}) exited with code -9" in err, err
+    assert "restarting it (1/2)" in err, err
     [restart] = read_jsonl(run / "services" / "restarts.jsonl")
     assert restart["service"] == victim and restart["pid"] == pid
 
@@ -124,8 +125,9 @@ def test_weight_push_to_a_stalled_rollout_aborts_and_the_group_is_rebuilt(run_di
     (learner.weight_sync_timeout_s) and aborts, the controller rebuilds the group once the replica
     answers again (SIGCONT) and pushes the version again; the run completes, nothing lost."""
     run = run_dir / "stall"
-    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.cli", "run", f"run.output_dir={run_dir}",
-                             "run.name=stall", *ARGS, "learner.weight_sync_timeout_s=5"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}",
+                             "run.name=stall", *ARGS, "learner.weight_sync_timeout_s=5"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     pid = None
     try:

@@ -21,7 +21,8 @@ ROLES = ("rollout", "reward", "learner")
 
 
 def _spawn(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlfleet.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", *args], cwd=REPO,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -56,7 +57,8 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
     run = run_dir / "manual"
     procs = {role: _spawn("serve", role, f"run.output_dir={run_dir}", "run.name=manual") for role in ROLES}
     try:
-        info = {role: _wait_for(lambda r=role: _announced(run, r), 90, f"{role} to announce") for role in ROLES}
+        info = {role: _wait_for(lambda r=role: _announced(run, r), 90, f"{role} to announce")
+                for role in ROLES}
         addresses = [f"{role}.address={info[role]['address']}" for role in ROLES]
         proc = rlfleet("controller", f"run.output_dir={run_dir}", "run.name=manual", "controller.max_steps=3",
                        *addresses, timeout=300)
@@ -68,7 +70,8 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
             line = next(ln for ln in status.stdout.splitlines() if ln.startswith(role))
             assert info[role]["address"] in line and "SERVING" in line, status.stdout
         # The learner and rollout both report version 3 after three steps.
-        assert any(ln.startswith("learner") and " 3 " in ln for ln in status.stdout.splitlines()), status.stdout
+        assert any(ln.startswith("learner") and " 3 " in ln
+                   for ln in status.stdout.splitlines()), status.stdout
 
         for role, p in procs.items():
             p.send_signal(signal.SIGTERM)
@@ -85,7 +88,8 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
 def _long_run(run_dir: Path, name: str, *extra: str) -> Iterator[tuple[subprocess.Popen, Path]]:
     """`rlfleet run` with no step limit, yielded once its first step is done; nothing outlives the test."""
     run = run_dir / name
-    proc = _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}", "controller.max_steps=100000", *extra)
+    proc = _spawn("run", f"run.output_dir={run_dir}", f"run.name={name}",
+                  "controller.max_steps=100000", *extra)
     try:
         _wait_first_step(proc, run)
         yield proc, run
@@ -108,14 +112,15 @@ def _wait_first_step(proc: subprocess.Popen, run: Path) -> None:
 
 
 def _exit_code(proc: subprocess.Popen, timeout: float) -> int:
-    """The exit code; on a hang, fails with every thread's stack (`kill -USR1`, rlfleet/cli.py)."""
+    """The exit code; on a hang, fails with every thread's stack (`kill -USR1`, rlfleet/app/cli.py)."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGUSR1)
         time.sleep(2)
         proc.kill()
-        raise AssertionError(f"still running {timeout:.0f}s later; its threads:\n{proc.stderr.read()[-12000:]}")
+        raise AssertionError(f"still running {timeout:.0f}s later; its "
+                             f"threads:\n{proc.stderr.read()[-12000:]}")
 
 
 def test_ctrl_c_stops_every_service(run_dir):

@@ -83,7 +83,8 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
     shrink = [f"model.path={smollm2}", f"data.train_files=[{data / 'train.parquet'}]",
               f"data.val_files=[{data / 'test.parquet'}]", f"run.output_dir={tmp_path / 'runs'}",
-              "rollout.n=2", "rollout.max_new_tokens=12", "controller.prompts_per_step=2", "controller.max_steps=2",
+              "rollout.n=2", "rollout.max_new_tokens=12", "controller.prompts_per_step=2",
+              "controller.max_steps=2",
               "controller.eval_every=2", "learner.checkpoint_every=2", "learner.lr_warmup_steps=1",
               "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
     config = str(REPO / "deploy" / "configs" / "gsm8k-smollm2-135m.yaml")
@@ -96,7 +97,8 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     train = [m for m in metrics if "actor/pg_loss" in m]
     assert [m["step"] for m in train] == [1, 2]
-    assert train[0]["actor/lr"] == pytest.approx(1e-5) and train[1]["actor/lr"] == pytest.approx(2e-5)  # warmup
+    # warmup
+    assert train[0]["actor/lr"] == pytest.approx(1e-5) and train[1]["actor/lr"] == pytest.approx(2e-5)
     assert any("val/openai/gsm8k/accuracy" in m for m in metrics)
     samples = read_jsonl(run_dir / "samples" / "train.jsonl")
     assert {s["prompt_index"] for s in samples} <= set(range(6))

@@ -57,7 +57,8 @@ def hosts():
 
 
 def _in(ns: str, *args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.cli", *args], cwd=REPO,
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "rlfleet.app.cli", *args],
+                            cwd=REPO,
                             stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
 
 
@@ -83,15 +84,18 @@ def test_weights_cross_a_link_that_fails_and_comes_back(run_dir, hosts):
     controller = None
     try:
         addresses = {name: _wait_announced(run, name, services) for name in ("learner", "reward", "rollout")}
-        assert addresses["rollout"].startswith(hosts["ip_b"]) and addresses["learner"].startswith(hosts["ip_a"])
-        controller = _in(hosts["a"], "controller", *common, *(f"{r}.address={a}" for r, a in addresses.items()),
+        assert addresses["rollout"].startswith(hosts["ip_b"])
+        assert addresses["learner"].startswith(hosts["ip_a"])
+        controller = _in(hosts["a"], "controller", *common,
+                         *(f"{r}.address={a}" for r, a in addresses.items()),
                          f"controller.max_steps={STEPS}", "controller.max_staleness=0",
                          "controller.prompts_per_step=4", "controller.prompts_per_request=2", "rollout.n=4",
                          "learner.verify_weights=true", "learner.weight_sync_timeout_s=5",
                          "controller.rpc_timeout_s=8", "controller.service_wait_s=120",
                          "tracking.tensorboard=false")
         deadline = time.monotonic() + 240
-        while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+        metrics = run / "metrics.jsonl"
+        while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
             assert controller.poll() is None, controller.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "no third step"
             time.sleep(0.1)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlfleet.cli import main as cli_main
+from rlfleet.app.cli import main as cli_main
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -89,7 +89,8 @@ def steps_done(path: Path) -> int:
 
 
 def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
-    # ---- data: a GSM8K-format JSONL made here, converted by the CLI ------------------------------------------
+    # ---- data: a GSM8K-format JSONL made here, converted by the CLI
+    # ------------------------------------------
     src = tmp_path / "gsm8k_train.jsonl"
     src.write_text(
         "".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in SHORT_QUESTIONS + LONG_QUESTIONS)
@@ -106,7 +107,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     cmd = [
         sys.executable,
         "-m",
-        "rlfleet.cli",
+        "rlfleet.app.cli",
         "run",
         f"run.output_dir={runs}",
         "run.name=obs",
@@ -126,7 +127,8 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
             cmd, cwd=REPO, stdout=so, stderr=se, env={**os.environ, "WANDB_SILENT": "true"}
         )
     try:
-        # ---- during the run: scrape every /metrics twice, and `rlfleet status` --------------------------------
+        # ---- during the run: scrape every /metrics twice, and `rlfleet status`
+        # --------------------------------
         wait_for(lambda: steps_done(out / "metrics.jsonl") >= 1, proc, stderr)
         announced = {r: json.loads((out / "services" / f"{r}.json").read_text()) for r in ROLES}
         first = {r: scrape(a["metrics_port"]) for r, a in announced.items()}
@@ -186,7 +188,8 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
         f"127.0.0.1:{a['metrics_port']}" for a in announced.values()
     )
 
-    # ---- after the run --------------------------------------------------------------------------------------
+    # ---- after the run
+    # --------------------------------------------------------------------------------------
     lines = read_jsonl(out / "metrics.jsonl")
     train_lines = [m for m in lines if m["step"] > 0]
     assert [m["step"] for m in train_lines] == [1, 2, 3, 4, 5, 6]
@@ -240,7 +243,8 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
         colors = img.convert("RGB").getcolors(maxcolors=1 << 16)
         assert colors is None or len(colors) > 20  # curves, not a blank canvas
 
-    # ---- `rlfleet eval` on the final checkpoint agrees with the last validation -------------------------------
+    # ---- `rlfleet eval` on the final checkpoint agrees with the last validation
+    # -------------------------------
     report = tmp_path / "eval.json"
     ev = rlfleet("eval", "--model", str(out), "--data", str(val), "--output", str(report), timeout=180)
     assert ev.returncode == 0, ev.stderr

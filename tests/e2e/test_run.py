@@ -15,7 +15,8 @@ REQUIRED_KEYS = {"step", "policy_version", "reward/mean", "actor/pg_loss", "acto
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_staleness_bound_and_outputs(run_dir, staleness):
     steps = 6
-    proc = rlfleet("run", f"run.output_dir={run_dir}", f"run.name=s{staleness}", f"controller.max_steps={steps}",
+    proc = rlfleet("run", f"run.output_dir={run_dir}", f"run.name=s{staleness}",
+                   f"controller.max_steps={steps}",
                    f"controller.max_staleness={staleness}", "learner.verify_weights=true",
                    "algorithm.kl_coef=0.01")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -55,7 +55,8 @@ def test_run_with_mutual_tls_and_token(run_dir, tmp_path):
         f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
         f"  require_client_cert: true\n  token_file: {token_file}\n")
     steps = 3
-    cmd = [sys.executable, "-m", "rlfleet.cli", "run", "--config", str(config), f"run.output_dir={run_dir}",
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", "--config", str(config),
+           f"run.output_dir={run_dir}",
            "run.name=secure", f"controller.max_steps={steps}", "controller.prompts_per_step=4",
            "controller.prompts_per_request=4", "rollout.n=4", "learner.verify_weights=true"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -63,7 +64,8 @@ def test_run_with_mutual_tls_and_token(run_dir, tmp_path):
     try:
         rollout = _wait_for(run_dir / "secure" / "services" / "rollout.json", proc)
         address = rollout["address"]
-        trusted = {"cert": pki.client_cert.read_bytes(), "key": pki.client_key.read_bytes(), "ca": pki.ca.read_bytes()}
+        trusted = {"cert": pki.client_cert.read_bytes(), "key": pki.client_key.read_bytes(),
+                   "ca": pki.ca.read_bytes()}
         with secure_channel(address, Security(**trusted)) as no_token:
             assert _code(no_token) == grpc.StatusCode.UNAUTHENTICATED
         with secure_channel(address, Security(**trusted, token="wrong-token-0123456789")) as wrong_token:

@@ -14,8 +14,10 @@ from tests.unit.test_static_decode import EOS, PAD, transformers_greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, initializer_range=0.2)
+SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+             num_attention_heads=8,
+             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+             initializer_range=0.2)
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -35,7 +37,8 @@ def test_graph_replayed_greedy_decode_matches_generate_and_follows_in_place_weig
     generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=True)
     params = SamplingParams(temperature=0.0, max_new_tokens=64)
     ours, _ = generator.generate(rows, params)
-    assert generator.slots.get(len(rows), max(map(len, rows)) + 64).graph is not None  # the step really was captured
+    # the step really was captured
+    assert generator.slots.get(len(rows), max(map(len, rows)) + 64).graph is not None
     theirs, _ = transformers_greedy(model, rows, 64)
     assert torch.equal(ours[:, :theirs.shape[1]], theirs)
     assert len(set(ours.flatten().tolist())) > 500

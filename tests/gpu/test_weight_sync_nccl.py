@@ -20,7 +20,8 @@ def _weights(version: int, layers: int, device: torch.device) -> list[tuple[str,
     for i in range(layers):
         out += [(f"l{i}.w", torch.randn(64, 64, generator=g, device=device).bfloat16()),
                 (f"l{i}.b", torch.randn(64, generator=g, device=device)),  # a second dtype
-                (f"l{i}.wt", torch.randn(32, 64, generator=g, device=device).bfloat16().t())]  # non-contiguous
+                (f"l{i}.wt", torch.randn(32, 64, generator=g,
+                                         device=device).bfloat16().t())]  # non-contiguous
     return out + [("step", torch.tensor(version, device=device))]
 
 
@@ -34,7 +35,8 @@ def _rank(rank: int, address_q, out_q) -> None:
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     group = (WeightGroup.host(2, backend="nccl", timeout_s=60, device=device) if rank == 0
-             else WeightGroup.join(address_q.get(timeout=60), 1, 2, backend="nccl", timeout_s=60, device=device))
+             else WeightGroup.join(address_q.get(timeout=60), 1, 2, backend="nccl", timeout_s=60,
+                                   device=device))
     if rank == 0:
         address_q.put(group.address)
     results = []

@@ -116,13 +116,15 @@ def attach(role: str, running: Running, core: object) -> None:
 
 def call_before_attach(role: str, stub: object) -> Callable[[], object]:
     if role == "reward":
-        return lambda: stub.Score(reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(id="a")]), timeout=TIMEOUT)
+        return lambda: stub.Score(reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(id="a")]),
+                                  timeout=TIMEOUT)
     if role == "rollout":
         return lambda: stub.Generate(rollout_pb2.GenerateRequest(
             prompts=[rollout_pb2.PromptInput(request_id="a", prompt_ids=[5, 6])],
             params=common_pb2.SamplingParams(n=2, max_new_tokens=2)), timeout=TIMEOUT)
     return lambda: stub.Train(learner_pb2.TrainRequest(step=1, expected_version=-1, samples=[
-        learner_pb2.TrainSample(prompt_ids=[5], response_ids=[6], behaviour_logprobs=[-1.0])]), timeout=TIMEOUT)
+        learner_pb2.TrainSample(prompt_ids=[5], response_ids=[6], behaviour_logprobs=[-1.0])]),
+        timeout=TIMEOUT)
 
 
 def generate(stub, prompts: dict[str, list[int]], **params) -> list[rollout_pb2.GroupResult]:

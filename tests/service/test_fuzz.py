@@ -49,7 +49,8 @@ FUZZ_PER_SERVICE = 1000
 TIME_BUDGET_S = 40.0  # per service; the test fails if fuzzing takes longer (a hang is a finding too)
 MESSAGE_LIMIT = 64 * 1024
 LIMITS = LimitsConfig(max_message_mb=1, max_prompts_per_request=4, max_samples_per_prompt=4,
-                      max_sequences_per_request=8, max_train_samples=8, max_score_items=16, max_text_chars=512,
+                      max_sequences_per_request=8, max_train_samples=8, max_score_items=16,
+                      max_text_chars=512,
                       max_weight_timeout_s=0.5, max_world_size=4)
 REFUSALS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED}
@@ -99,7 +100,8 @@ def random_message(cls: type, rng: random.Random, depth: int = 0):
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             continue
         if field.is_repeated:
-            getattr(msg, field.name).extend(_value(field, rng, depth) for _ in range(rng.choice([0, 1, 2, 3, 5, 9])))
+            getattr(msg, field.name).extend(_value(field, rng, depth)
+                                            for _ in range(rng.choice([0, 1, 2, 3, 5, 9])))
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
             getattr(msg, field.name).CopyFrom(_value(field, rng, depth))
         else:
@@ -131,13 +133,15 @@ def valid_requests() -> dict[str, object]:
                                                               backend="gloo", timeout_s=0.2),
         "PullWeights": rollout_pb2.PullWeightsRequest(version=1),
         "GetStatus": common_pb2.GetStatusRequest(),
-        "Score": reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(id="a", data_source="custom", response="4",
-                                                                     ground_truth="4")]),
-        "Train": learner_pb2.TrainRequest(step=1, temperature=1.0, samples=[learner_pb2.TrainSample(
-            prompt_ids=[6, 7], response_ids=[9, 2], behaviour_logprobs=[-4.0, -4.0], advantage=1.0)]),
+        "Score": reward_pb2.ScoreRequest(items=[
+            reward_pb2.ScoreItem(id="a", data_source="custom", response="4", ground_truth="4")]),
+        "Train": learner_pb2.TrainRequest(step=1, temperature=1.0, expected_version=0, samples=[
+            learner_pb2.TrainSample(prompt_ids=[6, 7], response_ids=[9, 2], behaviour_logprobs=[-4.0, -4.0],
+                                    advantage=1.0)]),
         "OpenWeightGroup": learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=0.2),
         "PushWeights": learner_pb2.PushWeightsRequest(version=10**6),
         "SaveCheckpoint": learner_pb2.SaveCheckpointRequest(step=-1),
+        "ListCheckpoints": learner_pb2.ListCheckpointsRequest(),
     }
 
 
@@ -215,7 +219,8 @@ def test_fuzzed_requests_are_refused_and_the_service_keeps_serving(fuzz_servers,
                 bad.append(f"#{i} {name} ({how}, {payload[:80]!r}): {code.name}")
             if how == "oversized" and code != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 bad.append(f"#{i} {name} oversized ({len(payload)} bytes): {code.name}")
-            assert time.monotonic() - started < TIME_BUDGET_S, f"fuzzing {role} took too long after {i} requests"
+            assert time.monotonic() - started < TIME_BUDGET_S, \
+                f"fuzzing {role} took too long after {i} requests"
         print(f"{role}: {dict(codes)}")
         assert not bad, f"{len(bad)} unexpected answers (seed {SEED}): " + "; ".join(bad[:10])
         assert sum(codes.values()) >= FUZZ_PER_SERVICE
@@ -232,7 +237,10 @@ def test_fuzzed_requests_are_refused_and_the_service_keeps_serving(fuzz_servers,
             assert stub.Score(seeds["Score"], timeout=30).results[0].score == 1.0
         else:
             before = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10).policy_version
-            assert stub.Train(seeds["Train"], timeout=30).policy_version == before + 1
+            request = learner_pb2.TrainRequest()
+            request.CopyFrom(seeds["Train"])
+            request.step, request.expected_version = 10**6, before  # a step the fuzz cannot have applied
+            assert stub.Train(request, timeout=30).policy_version == before + 1
         assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10).in_flight == 0
 
 
@@ -259,10 +267,11 @@ def test_named_bad_inputs_get_their_codes(fuzz_servers):
             params=common_pb2.SamplingParams(n=n, max_new_tokens=max_new_tokens, **params)), timeout=30)
 
     def train(**sample):
-        fields = {"prompt_ids": [6, 7], "response_ids": [9, 2], "behaviour_logprobs": [-4.0, -4.0], "advantage": 1.0}
+        fields = {"prompt_ids": [6, 7], "response_ids": [9, 2], "behaviour_logprobs": [-4.0, -4.0],
+                  "advantage": 1.0}
         fields.update(sample)
-        return lambda: learner.Train(learner_pb2.TrainRequest(step=1, samples=[learner_pb2.TrainSample(**fields)]),
-                                     timeout=30)
+        return lambda: learner.Train(learner_pb2.TrainRequest(step=1, expected_version=0, samples=[
+            learner_pb2.TrainSample(**fields)]), timeout=30)
 
     def join(**fields):
         request = {"address": "127.0.0.1:1", "rank": 1, "world_size": 2, "backend": "gloo", "timeout_s": 0.2}
@@ -279,7 +288,8 @@ def test_named_bad_inputs_get_their_codes(fuzz_servers):
         "token id outside the vocabulary": (gen(ids=(6, 64)), invalid),
         "NaN temperature": (gen(temperature=math.nan), invalid),
         "top_p > 1": (gen(top_p=1.5), invalid),
-        "Train without samples": (lambda: learner.Train(learner_pb2.TrainRequest(step=1), timeout=30), invalid),
+        "Train without samples": (lambda: learner.Train(learner_pb2.TrainRequest(step=1), timeout=30),
+                                  invalid),
         "mismatched logprob count": (train(behaviour_logprobs=[-1.0]), invalid),
         "NaN advantage": (train(advantage=math.nan), invalid),
         "inf logprob": (train(behaviour_logprobs=[-1.0, -math.inf]), invalid),
@@ -293,9 +303,11 @@ def test_named_bad_inputs_get_their_codes(fuzz_servers):
         "bad backend": (join(backend="mpi"), invalid),
         "world_size over the limit": (join(world_size=5), invalid),
         "bad address": (join(address="no-port"), invalid),
-        "PullWeights negative version": (lambda: rollout.PullWeights(rollout_pb2.PullWeightsRequest(version=-1),
+        "PullWeights "
+        "negative version": (lambda: rollout.PullWeights(rollout_pb2.PullWeightsRequest(version=-1),
                                                                      timeout=30), invalid),
-        "PushWeights negative version": (lambda: learner.PushWeights(learner_pb2.PushWeightsRequest(version=-1),
+        "PushWeights "
+        "negative version": (lambda: learner.PushWeights(learner_pb2.PushWeightsRequest(version=-1),
                                                                      timeout=30), invalid),
         "OpenWeightGroup world_size 1": (lambda: learner.OpenWeightGroup(learner_pb2.OpenWeightGroupRequest(
             world_size=1), timeout=30), invalid),

@@ -29,7 +29,7 @@ from tests.service.servicer_harness import (
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
-def train_request(step: int = 1, expected_version: int = -1, logprobs: list[float] | None = None
+def train_request(step: int = 1, expected_version: int = 0, logprobs: list[float] | None = None
                   ) -> learner_pb2.TrainRequest:
     samples = [
         learner_pb2.TrainSample(prompt_ids=[6, 7, 41, 8, 45], response_ids=[9, 2],
@@ -40,7 +40,8 @@ def train_request(step: int = 1, expected_version: int = -1, logprobs: list[floa
         learner_pb2.TrainSample(prompt_ids=[15, 16], response_ids=[20, 21, 22, 2],
                                 behaviour_logprobs=[-4.0] * 4, advantage=0.5, generation_version=0),
     ]
-    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0, expected_version=expected_version)
+    return learner_pb2.TrainRequest(step=step, samples=samples, temperature=1.0,
+                                    expected_version=expected_version)
 
 
 def test_learner_train_step(learner_server):
@@ -82,7 +83,7 @@ def test_learner_rejects_bad_samples(learner_server):
     assert "behaviour_logprobs" in details_of(lambda: stub.Train(mismatched, timeout=TIMEOUT))
     empty = learner_pb2.TrainRequest(step=1, expected_version=-1)
     assert code_of(lambda: stub.Train(empty, timeout=TIMEOUT)) == grpc.StatusCode.INVALID_ARGUMENT
-    too_long = learner_pb2.TrainRequest(step=1, expected_version=-1, samples=[learner_pb2.TrainSample(
+    too_long = learner_pb2.TrainRequest(step=1, expected_version=0, samples=[learner_pb2.TrainSample(
         prompt_ids=[5] * 120, response_ids=[6] * 10, behaviour_logprobs=[-1.0] * 10, advantage=1.0)])
     assert code_of(lambda: stub.Train(too_long, timeout=TIMEOUT)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stub.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).policy_version == 0
@@ -100,6 +101,42 @@ def test_learner_save_checkpoint(learner_server, tmp_path):
     assert not list(path.parent.glob("*.tmp-*"))  # nothing half-written left behind
 
 
+def test_learner_lists_its_checkpoints_for_a_resuming_controller(learner_server, tmp_path):
+    """The controller asks the learner which checkpoints a run can resume from (it never reads the
+    learner's files): complete ones only, plus the one the learner started from."""
+    from controller.clients import LearnerClient
+
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    assert list(stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT).checkpoints) == []
+    first = stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path
+    (Path(first).parent / "step_5").mkdir()  # a save that never completed: no meta.json
+    reply = stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT)
+    assert [(c.step, c.path) for c in reply.checkpoints] == [(1, first)]
+    assert not reply.HasField("restored_from")
+    other_run = tmp_path / "other" / "step_3"  # the learner was started from another run's checkpoint
+    other_run.mkdir(parents=True)
+    (other_run / "meta.json").write_text(json.dumps({"step": 3}))
+    learner_server.servicer.attach(learner_server.servicer.learner, restored_from=other_run)
+    client = LearnerClient(learner_server.server.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT)
+    try:
+        assert client.checkpoints() == {1: first, 3: str(other_run)}
+    finally:
+        client.close()
+
+
+def test_learner_leaves_a_damaged_checkpoint_out_of_the_list(learner_server):
+    """controller.resume=latest takes the newest checkpoint that passes its sha256 digests: one
+    damaged in place (same size) is not offered, the one before it is."""
+    stub = learner_pb2_grpc.LearnerStub(learner_server.channel)
+    first = stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT).path
+    newest = Path(stub.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=2), timeout=TIMEOUT).path)
+    with open(newest / "model.safetensors", "r+b") as fh:
+        fh.seek(fh.seek(0, 2) // 2)
+        fh.write(b"\xff" * 64)
+    reply = stub.ListCheckpoints(learner_pb2.ListCheckpointsRequest(), timeout=TIMEOUT)
+    assert [(c.step, c.path) for c in reply.checkpoints] == [(1, first)]
+
+
 def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
     """Same weights on both sides: the learner's logprobs of a rollout's samples equal the
     behaviour logprobs, so the first step is on-policy (importance ratio 1)."""
@@ -111,7 +148,8 @@ def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
                                        generation_version=c.policy_version)
                for g in groups for i, c in enumerate(g.completions)]
     learner = learner_pb2_grpc.LearnerStub(learner_server.channel)
-    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0, expected_version=0),
+    reply = learner.Train(learner_pb2.TrainRequest(step=1, samples=samples, temperature=1.0,
+                                                   expected_version=0),
                           timeout=TIMEOUT)
     assert reply.metrics["rollout/logprob_diff_mean"] < 1e-3
     assert reply.metrics["actor/pg_clipfrac"] == 0.0

@@ -1,4 +1,5 @@
-"""The controller's client for reward servers, against real gRPC servers that misbehave on purpose.
+"""The reward service's sources (services/reward/sources/) against real gRPC servers that misbehave on
+purpose, and the controller's tally of what the service reports.
 
 Every failure mode ends the same way: the affected samples come back ok=false
 with an error that names the source and says what happened, and are counted;
@@ -13,14 +14,16 @@ import grpc
 import pytest
 
 from controller.groups import ScoredGroup
-from controller.rewards import make_reward_client
-from controller.rewards.local import FunctionSource
-from controller.rewards.remote_client import RemoteSource
-from controller.rewards.sources import RewardSources
+from controller.reward_tally import RewardTally
 from rlfleet.config import load_config
-from rlfleet.errors import ConfigError, RewardError, ServiceUnavailable
+from rlfleet.errors import RewardError, ServiceUnavailable
 from rlfleet.reward_config import RewardSourceConfig
+from rlfleet.rpc import convert
 from rlfleet.types import ScoreItem
+from services.reward.build import build_scorer
+from services.reward.sources.combined import RewardSources
+from services.reward.sources.function import FunctionSource
+from services.reward.sources.remote import RemoteSource
 from tests.reward_servers import Behaviour, RunningFaulty
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -155,15 +158,18 @@ def test_weighted_sources_and_their_metrics(faulty):
     length = FunctionSource(RewardSourceConfig(name="len", function="length_penalty",
                                                params={"max_length": 4, "buffer": 2}, weight=0.5))
     sources = RewardSources([remote, length])
+    tally = RewardTally(["exact", "len"])
     try:
         batch = items(3, right=2)  # responses "0", "1", "x": all one character, no length penalty
         batch.append(ScoreItem(id="g/long", data_source="custom", prompt="p", response="abc",
                                ground_truth="abc"))  # 3 chars: penalty -(3-2)/2 = -0.5
-        results = sources.score(batch)
+        # Through the reward service's reply, as the controller receives it.
+        results = convert.score_results_from_proto(convert.score_results_to_proto(sources.score(batch)))
+        tally.add(results)
         assert [r.score for r in results] == pytest.approx([1.0, 1.0, 0.0, 1.0 + 0.5 * -0.5])
         assert results[3].components == {"exact": 1.0, "len": -0.5}
         group = ScoredGroup(0, None, [], results)
-        m = sources.step_metrics([group])
+        m = tally.step_metrics([group])
         assert m["reward/exact/mean"] == pytest.approx(0.75)
         assert m["reward/len/mean"] == pytest.approx(-0.125)
         assert m["reward/exact/calls"] == 1 and m["reward/exact/errors"] == 0
@@ -176,23 +182,27 @@ def test_weighted_sources_and_their_metrics(faulty):
 def test_one_failing_source_fails_the_sample_and_names_the_source(faulty):
     _, good = faulty(name="good")
     _, bad = faulty(Behaviour(always_fail=grpc.StatusCode.INTERNAL), name="bad")
-    sources = RewardSources([good, bad], max_consecutive_failures=5)
+    sources = RewardSources([good, bad])
+    tally = RewardTally(["good", "bad"], max_consecutive_failures=5)
     try:
-        results = sources.score(items(2))
+        results = convert.score_results_from_proto(convert.score_results_to_proto(sources.score(items(2))))
+        tally.add(results)
         assert all(not r.ok and "'bad'" in r.error and "INTERNAL" in r.error for r in results)
         assert "'good'" not in results[0].error
-        assert sources.excluded == 2
-        m = sources.step_metrics([])
-        assert m["reward/bad/errors"] == 2 and m["reward/good/errors"] == 0 and m["reward/excluded_total"] == 2
+        assert tally.excluded == 2
+        m = tally.step_metrics([])
+        assert m["reward/bad/errors"] == 2 and m["reward/good/errors"] == 0
+        assert m["reward/excluded_total"] == 2
         # Three more failures make five in a row: the run is stopped with the last error.
         with pytest.raises(RewardError, match="5 samples in a row got no reward.*INTERNAL"):
-            sources.score(items(3))
+            tally.add(sources.score(items(3)))
     finally:
         sources.close()
 
 
 def test_function_source_timeout_and_bad_data_source():
-    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy", timeout_s=0.2,
+    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy",
+                                             timeout_s=0.2,
                                              params={"seconds": 1.0}))
     auto = FunctionSource(RewardSourceConfig(name="auto", function="auto"))
     try:
@@ -207,27 +217,29 @@ def test_function_source_timeout_and_bad_data_source():
         auto.close()
 
 
-def test_make_reward_client_from_config(faulty):
+def test_the_reward_service_builds_its_sources_from_config(faulty):
     server = RunningFaulty()
     try:
         cfg = load_config(None, [(f"reward.sources=[{{name: ext, address: '{server.address}', weight: 2.0}}, "
                                   f"{{name: fmt, function: exact_match, weight: 1.0}}]")])
-        client = make_reward_client(cfg, {}, timeout_s=5, connect_timeout_s=5)
+        scorer = build_scorer(cfg.reward, connect_timeout_s=5)
         try:
-            assert isinstance(client, RewardSources)
-            result = client.score(items(1))[0]
+            assert isinstance(scorer, RewardSources)
+            result = scorer.score(items(1))[0]
             assert result.ok and result.score == pytest.approx(2.0 * 1.0 + 1.0 * 1.0)
             assert result.components == {"ext": 1.0, "fmt": 1.0}
         finally:
-            client.close()
-        service_cfg = load_config(None, ["reward.sources=[{name: rm, service: true, weight: 0.5}]"])
-        with pytest.raises(ConfigError, match="reward service, but none runs"):
-            make_reward_client(service_cfg, {}, timeout_s=5, connect_timeout_s=1)
-        via_service = make_reward_client(service_cfg, {"reward": server.address}, timeout_s=5, connect_timeout_s=5)
+            scorer.close()
+        # A `service: true` source is the service's own scorer (reward.fn), run in the service itself.
+        service_cfg = load_config(None, ["reward.fn=tests.reward_fixtures:score",
+                                         "reward.sources=[{name: own, service: true, weight: 0.5}]"])
+        own = build_scorer(service_cfg.reward)
         try:
-            assert via_service.score(items(1))[0].score == pytest.approx(0.5)
+            [result] = own.score([ScoreItem(id="a", data_source="x", prompt="", response="1",
+                                            ground_truth="1")])
+            assert result.ok and result.score == pytest.approx(0.5) and result.components == {"own": 1.0}
         finally:
-            via_service.close()
+            own.close()
     finally:
         server.stop()
 
@@ -235,7 +247,8 @@ def test_make_reward_client_from_config(faulty):
 def test_nan_from_a_function_source_is_reported():
     source = FunctionSource(RewardSourceConfig(name="fx", function="tests.reward_fixtures:score"))
     try:
-        result = source.score([ScoreItem(id="a", data_source="x", prompt="", response="1", ground_truth="nan")])[0]
+        result = source.score([ScoreItem(id="a", data_source="x", prompt="", response="1",
+                                         ground_truth="nan")])[0]
         assert not result.ok and "'fx'" in result.error and "nan" in result.error.lower()
     finally:
         source.close()

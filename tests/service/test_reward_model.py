@@ -25,8 +25,10 @@ CPU = torch.device("cpu")
 def build_rm(path: Path, tokenizer, num_labels: int = 1) -> Path:
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16, intermediate_size=64, max_position_embeddings=128,
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                         num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, intermediate_size=64,
+                         max_position_embeddings=128,
                          num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     Qwen2ForSequenceClassification(config).save_pretrained(path)
@@ -88,7 +90,8 @@ def test_multi_label_model_is_refused(tmp_path, tiny_tokenizer):
 
 
 def test_reward_service_serves_the_model_from_config(rm_dir):
-    cfg = load_config(None, [f"reward.model.path={rm_dir}", "reward.model.device=cpu", "reward.model.batch_size=2"])
+    cfg = load_config(None, [f"reward.model.path={rm_dir}", "reward.model.device=cpu",
+                             "reward.model.batch_size=2"])
     core = build_scorer(cfg.reward)
     assert isinstance(core, RewardModel) and core.batch_size == 2 and core.device == CPU
     servicer = RewardServicer()

@@ -13,8 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from rlfleet.proto.v1 import reward_pb2, reward_pb2_grpc
-from rlfleet.reward_check import FAIL, NA, PASS, check_server, format_table
-from rlfleet.reward_sdk import serve
+from rlfleet.app.reward_check import FAIL, NA, PASS, check_server, format_table
+from rlfleet.app.reward_sdk import serve
 from rlfleet.rpc.channel import open_channel
 from tests.reward_servers import Behaviour, RunningFaulty
 
@@ -46,7 +46,8 @@ def test_sdk_serves_a_function_with_health_and_reflection():
             channel.close()
         reply = score(server.address,
                       reward_pb2.ScoreItem(id="a", response="7", ground_truth="7"),
-                      reward_pb2.ScoreItem(id="b", response="6", ground_truth="7", extra_info_json='{"bonus": 0.5}'),
+                      reward_pb2.ScoreItem(id="b", response="6", ground_truth="7",
+                                           extra_info_json='{"bonus": 0.5}'),
                       reward_pb2.ScoreItem(id="c", response="7", ground_truth="boom"))
         assert [(r.id, r.ok, r.score) for r in reply.results[:2]] == [("a", True, 1.0), ("b", True, 0.5)]
         assert not reply.results[2].ok and "cannot score this one" in reply.results[2].error
@@ -73,10 +74,12 @@ def test_check_passes_an_sdk_server():
         checks = check_server(server.address, timeout_s=10)
     assert [c.result for c in checks] == [PASS] * len(checks), format_table("sdk", checks)
     names = {c.name for c in checks}
-    assert {"health", "batch keeps order", "deadline", "malformed: duplicate ids", "concurrent calls"} <= names
+    assert {"health", "batch keeps order", "deadline", "malformed: duplicate ids",
+            "concurrent calls"} <= names
 
 
-BATCHES = {"batch keeps order", "batch = one by one", "batch of 256", "concurrent calls", "serves after errors"}
+BATCHES = {"batch keeps order", "batch = one by one", "batch of 256", "concurrent calls",
+           "serves after errors"}
 
 
 @pytest.mark.parametrize("behaviour, failing", [

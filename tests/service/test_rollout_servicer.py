@@ -52,7 +52,8 @@ def test_rollout_generate_streams_groups(rollout_server, hf_engine):
 @pytest.mark.parametrize("max_new_tokens", [1, 3])
 def test_rollout_respects_max_new_tokens(rollout_server, max_new_tokens):
     stub = rollout_pb2_grpc.RolloutStub(rollout_server.channel)
-    groups = generate(stub, {"a": [6, 7], "b": [8]}, n=2, temperature=1.0, max_new_tokens=max_new_tokens, seed=2)
+    groups = generate(stub, {"a": [6, 7], "b": [8]}, n=2, temperature=1.0,
+                      max_new_tokens=max_new_tokens, seed=2)
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     assert len(lengths) == 4 and all(1 <= n <= max_new_tokens for n in lengths)
 
@@ -94,7 +95,8 @@ def test_rollout_rejects_bad_requests_and_keeps_serving(rollout_server):
         "too long": ({"a": [5] * 127}, grpc.StatusCode.RESOURCE_EXHAUSTED),  # 127 + 4 > 128 positions
     }
     for name, (prompts, code) in cases.items():
-        assert code_of(lambda p=prompts: generate(stub, p, n=2, temperature=1.0, max_new_tokens=4)) == code, name
+        assert code_of(lambda p=prompts: generate(stub, p, n=2, temperature=1.0,
+                                                  max_new_tokens=4)) == code, name
     assert code_of(lambda: generate(stub, {}, n=2, max_new_tokens=4)) == grpc.StatusCode.INVALID_ARGUMENT
     assert "outside [0, 64)" in details_of(lambda: generate(stub, {"a": [64]}, n=2, max_new_tokens=2))
     # Still serving.

@@ -111,7 +111,8 @@ def test_network_attempt_is_refused(listener):
     assert_nobody_connected(listener)
 
 
-@pytest.mark.skipif(not isolation().network_namespace, reason="this kernel lets no process make a network namespace")
+@pytest.mark.skipif(not isolation().network_namespace,
+                    reason="this kernel lets no process make a network namespace")
 def test_network_namespace_alone_cuts_the_network(listener):
     """Without the audit hook, the private namespace still has no way out (its loopback is down)."""
     port = listener.getsockname()[1]

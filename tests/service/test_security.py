@@ -46,7 +46,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def server_security(pki: Pki) -> Security:
-    return Security(cert=pki.server_cert.read_bytes(), key=pki.server_key.read_bytes(), ca=pki.ca.read_bytes(),
+    return Security(cert=pki.server_cert.read_bytes(), key=pki.server_key.read_bytes(),
+                    ca=pki.ca.read_bytes(),
                     require_client_cert=True, token=TOKEN)
 
 
@@ -67,7 +68,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(pki: Pki, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Served]]:
+def served(pki: Pki, tiny_model_dir: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Served]]:
     cores = {
         "reward": RewardScorer("tests.reward_fixtures:score"),
         "rollout": HFEngine(tiny_model_dir, torch.device("cpu"), torch.float32, max_batch_sequences=4),
@@ -78,7 +80,8 @@ def served(pki: Pki, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     for role, core in cores.items():
         spec = ROLES[role]
         servicer = spec.servicer_cls()
-        server = ServiceServer([spec.service_name], "127.0.0.1", 0, max_workers=4, security=server_security(pki))
+        server = ServiceServer([spec.service_name], "127.0.0.1", 0, max_workers=4,
+                               security=server_security(pki))
         server.add(spec.add_fn, servicer)
         server.start()
         servicer.attach(core)
@@ -120,7 +123,8 @@ def test_every_rpc_refuses_callers_without_the_token(served, pki):
             with secure_channel(s.address, client_security(pki, token=token)) as channel:
                 before = s.servicer.metrics.in_flight_now()
                 for path, streaming in methods(s.service):
-                    assert refusal(channel, path, streaming) == grpc.StatusCode.UNAUTHENTICATED, (s.role, path)
+                    code = refusal(channel, path, streaming)
+                    assert code == grpc.StatusCode.UNAUTHENTICATED, (s.role, path)
                 # Reflection needs the token too; health does not.
                 with pytest.raises(grpc.RpcError) as info:
                     ProtoReflectionDescriptorDatabase(channel).get_services()
@@ -145,7 +149,8 @@ def test_every_rpc_refuses_untrusted_transport(served, pki, client):
             channel = secure_channel(s.address, client_security(pki, ca=pki.rogue_cert))
         with channel:
             for path, streaming in [*methods(s.service), ("/grpc.health.v1.Health/Check", False)]:
-                assert refusal(channel, path, streaming) == grpc.StatusCode.UNAVAILABLE, (client, s.role, path)
+                code = refusal(channel, path, streaming)
+                assert code == grpc.StatusCode.UNAVAILABLE, (client, s.role, path)
 
 
 def test_authenticated_client_is_served(served, pki):
@@ -162,9 +167,10 @@ def test_authenticated_client_is_served(served, pki):
                 assert reply.results[0].ok and reply.results[0].score == 1.0
 
 
-def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
-    """`security.use(cfg.security)` (what every entry point does) reaches open_channel and `rlfleet health`."""
-    from rlfleet import health_cli
+def test_security_from_config_reaches_channels_and_health_cli(served, pki, tmp_path):
+    """The job's `security`, built once by an entry point and passed on, reaches open_channel and
+    `rlfleet health`; nothing is left behind for the rest of the process."""
+    from rlfleet.app import health_cli
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
@@ -173,21 +179,20 @@ def test_process_security_from_config_and_health_cli(served, pki, tmp_path):
                              f"security.token_file={token_file}"])
     reward = next(s for s in served if s.role == "reward")
     assert health_cli.check(reward.address) == "UNREACHABLE"  # plain gRPC: the handshake fails
-    try:
-        rpc_security.use(cfg.security, cfg.limits)
-        assert rpc_security.current().token == TOKEN
-        assert health_cli.check(reward.address) == "SERVING"
-        with open_channel(reward.address) as channel:
-            assert ROLES["reward"].stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).ready
-    finally:
-        rpc_security.use(None)
-    assert rpc_security.current().token is None
+    security = Security.from_config(cfg.security, cfg.limits)
+    assert security.token == TOKEN
+    assert health_cli.check(reward.address, security=security) == "SERVING"
+    with open_channel(reward.address, security) as channel:
+        assert ROLES["reward"].stub_cls(channel).GetStatus(common_pb2.GetStatusRequest(),
+                                                           timeout=TIMEOUT).ready
+    assert health_cli.check(reward.address) == "UNREACHABLE"  # no process-wide security was set
+    assert not hasattr(rpc_security, "use") and not hasattr(rpc_security, "current")
 
 
 def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
-    """A reward source reaches the mTLS reward service with the process's security; a source with
-    fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
-    from controller.rewards.remote_client import RemoteSource
+    """A reward source reaches the mTLS reward service with the fleet's security (given to it); a source
+    with fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
+    from services.reward.sources.remote import RemoteSource
     from rlfleet.reward_config import RewardSourceConfig
     from rlfleet.types import ScoreItem
 
@@ -201,19 +206,19 @@ def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
     plain_servicer.attach(RewardScorer("tests.reward_fixtures:score"))
     plain_server.mark_serving()
     sources = []
+    fleet = Security.from_config(SecurityConfig(tls_cert=str(pki.client_cert), tls_key=str(pki.client_key),
+                                                tls_ca=str(pki.ca), require_client_cert=True, token=TOKEN))
     try:
-        rpc_security.use(SecurityConfig(tls_cert=str(pki.client_cert), tls_key=str(pki.client_key),
-                                        tls_ca=str(pki.ca), require_client_cert=True, token=TOKEN))
-        sources.append(RemoteSource(RewardSourceConfig(name="fleet", address=secured.address), secured.address,
-                                    connect_timeout_s=10))
+        sources.append(RemoteSource(RewardSourceConfig(name="fleet", address=secured.address),
+                                    secured.address,
+                                    connect_timeout_s=10, security=fleet))
         sources.append(RemoteSource(RewardSourceConfig(name="outside", address=plain_server.address,
                                                        fleet_security=False), plain_server.address,
-                                    connect_timeout_s=10))
+                                    connect_timeout_s=10, security=fleet))
         for source in sources:
             [result] = source.score([item])
             assert result.ok and result.score == 1.0, (source.name, result)
     finally:
-        rpc_security.use(None)
         for source in sources:
             source.close()
         plain_server.stop(grace_s=0)
@@ -241,7 +246,8 @@ def test_services_bind_loopback_by_default():
         server.start()
         assert server.address.startswith("127.0.0.1:")
         try:
-            addresses = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+            infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+            addresses = {info[4][0] for info in infos}
         except OSError:
             addresses = set()
         for address in sorted(a for a in addresses if not a.startswith("127.")):
@@ -255,7 +261,8 @@ def test_services_bind_loopback_by_default():
 
 # ---- the weight group's rendezvous ----------------------------------------------------------------
 
-def _join(address: str, rank: int, token: str | None, errors: dict[int, BaseException], world_size: int) -> None:
+def _join(address: str, rank: int, token: str | None, errors: dict[int, BaseException],
+          world_size: int) -> None:
     try:
         group = WeightGroup.join(address, rank=rank, world_size=world_size, backend="gloo", timeout_s=15,
                                  token=token)
@@ -274,7 +281,8 @@ def _rendezvous(tokens: dict[int, str | None]) -> tuple[BaseException | None, di
     world_size = len(tokens) + 1
     host = WeightGroup.host(world_size=world_size, backend="gloo", timeout_s=15, token=TOKEN)
     errors: dict[int, BaseException] = {}
-    threads = [threading.Thread(target=_join, args=(host.address, r, t, errors, world_size)) for r, t in tokens.items()]
+    threads = [threading.Thread(target=_join, args=(host.address, r, t, errors, world_size))
+               for r, t in tokens.items()]
     for t in threads:
         t.start()
     host_error = None
@@ -301,4 +309,5 @@ def test_weight_group_refuses_a_member_without_the_token(bad_token):
     assert "rank(s) [2]" in str(host_error) and "token" in str(host_error)
     # Both members are told and no process group was built: nobody received the weights.
     assert set(errors) == {1, 2}
-    assert all(isinstance(e, WeightSyncError) and "refused rank(s) 2" in str(e) for e in errors.values()), errors
+    assert all(isinstance(e, WeightSyncError) and "refused rank(s) 2" in str(e)
+               for e in errors.values()), errors

@@ -42,7 +42,8 @@ def _model(version: int) -> list[tuple[str, torch.Tensor]]:
 
 def _digest(named: Any) -> dict[str, tuple[str, tuple[int, ...], str]]:
     return {n: (str(t.dtype), tuple(t.shape),
-                hashlib.sha256(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
+                hashlib.sha256(
+                    t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
             for n, t in named}
 
 
@@ -69,10 +70,12 @@ def _run_rank(rank: int, addresses: Any, world_size: int, timeout_s: float, plan
                 try:
                     if sender is not None:
                         stats = sender.push(_model(version), version)
-                        results.append(("ok", version, _digest(_model(version)), stats, time.monotonic() - t0))
+                        results.append(("ok", version, _digest(_model(version)), stats,
+                                        time.monotonic() - t0))
                     else:
                         got = receiver.receive(expected_version=version)
-                        results.append(("ok", got.version, _digest(got.tensors.items()), None, time.monotonic() - t0))
+                        results.append(("ok", got.version, _digest(got.tensors.items()), None,
+                                        time.monotonic() - t0))
                 except (WeightSyncError, RuntimeError) as e:  # VersionMismatch is a RuntimeError
                     results.append((type(e).__name__, None, str(e), None, time.monotonic() - t0))
                     if isinstance(e, WeightSyncError):

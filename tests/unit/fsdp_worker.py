@@ -28,7 +28,8 @@ def batch(step: int) -> TrainBatch:
     rows = [([3, 4, 5], [6, 7, 8], 1.0, 1.0), ([3, 4, 5], [9, 10], 0.0, -1.0),
             ([11, 12], [13, 14, 15, 16], 0.5, 1.0), ([11, 12], [17], 0.0, -1.0),
             ([20, 21, 22, 23], [24, 25], 1.0, 0.7), ([20, 21, 22, 23], [26, 27, 28], 0.2, -0.7)]
-    samples = [TrainSample(prompt_ids=p, response_ids=r, behaviour_logprobs=[-3.0 - 0.1 * j for j in range(len(r))],
+    samples = [TrainSample(prompt_ids=p, response_ids=r,
+                           behaviour_logprobs=[-3.0 - 0.1 * j for j in range(len(r))],
                            advantage=a, generation_version=step - 1, reward=rew) for p, r, rew, a in rows]
     return TrainBatch(step=step, samples=samples, temperature=0.9, expected_version=step - 1)
 
@@ -73,7 +74,8 @@ def failed_push(front, learner) -> str:
 
 
 def main() -> None:
-    model_dir, out, steps, algorithm = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    steps, algorithm = int(sys.argv[3]), json.loads(sys.argv[4])
     torch.set_num_threads(1)
     from services.learner.distributed import LearnerFront, exit_learner_world, init_learner_world
     from services.learner.fsdp import ShardedLearner

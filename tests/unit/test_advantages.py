@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from controller.advantages import batch_group_advantages, group_advantages
+from rlfleet.advantages.group import batch_group_advantages, group_advantages
 
 
 def test_binary_group_hand_computed() -> None:

@@ -44,7 +44,8 @@ def test_modes_hand_computed(mode: str, expected: float) -> None:
 def test_micro_batches_sum_to_the_whole(mode: str) -> None:
     # Rows split as [0] and [1, 2], each weighted with the whole batch's counts.
     counts = BatchCounts.of([MASK_B_T], loss_scale_tokens=4)
-    parts = aggregate(mode, VALUES_B_T[:1], MASK_B_T[:1], counts) + aggregate(mode, VALUES_B_T[1:], MASK_B_T[1:],
+    parts = aggregate(mode, VALUES_B_T[:1], MASK_B_T[:1],
+                      counts) + aggregate(mode, VALUES_B_T[1:], MASK_B_T[1:],
                                                                               counts)
     assert parts == pytest.approx(aggregate(mode), abs=1e-6)
 
@@ -55,7 +56,8 @@ def test_fully_masked_batch_is_zero(mode: str) -> None:
     mask_B_T = torch.zeros(2, 3)
     counts = BatchCounts.of([mask_B_T], 4)
     assert counts == BatchCounts(0, 0, 4)
-    assert float(weighted_sum(torch.full((2, 3), NAN), mask_B_T, LOSS_AGGREGATIONS.get(mode)(mask_B_T, counts))) == 0.0
+    assert float(weighted_sum(torch.full((2, 3), NAN), mask_B_T,
+                              LOSS_AGGREGATIONS.get(mode)(mask_B_T, counts))) == 0.0
 
 
 def test_token_mean_weighs_long_sequences_more_than_seq_mean_token_mean() -> None:

@@ -5,10 +5,8 @@ from typing import get_args
 
 import pytest
 
-from controller.estimators import GROUP_ESTIMATORS
 from rlfleet.algorithm import (
     PRESETS,
-    AdvantageName,
     AlgorithmConfig,
     KLEstimatorName,
     LossAggName,
@@ -16,9 +14,9 @@ from rlfleet.algorithm import (
     PolicyLossName,
     PresetName,
 )
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 from rlfleet.config import load_config
 from rlfleet.errors import ConfigError
-from services.learner.algorithms.advantages import ADVANTAGES
 from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS
 from services.learner.algorithms.kl import KL_ESTIMATORS
 from services.learner.algorithms.off_policy import OFF_POLICY
@@ -30,7 +28,8 @@ pytestmark = pytest.mark.unit
 def test_default_is_plain_grpo() -> None:
     cfg = load_config().algorithm
     assert cfg == AlgorithmConfig(name="grpo")
-    assert (cfg.advantage, cfg.policy_loss, cfg.loss_agg, cfg.off_policy) == ("grpo", "ppo_clip", "token-mean", "none")
+    assert (cfg.advantage, cfg.policy_loss, cfg.loss_agg,
+            cfg.off_policy) == ("grpo", "ppo_clip", "token-mean", "none")
     assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.dynamic_sampling) == (0.2, 0.2, 0.0, False)
 
 
@@ -68,14 +67,28 @@ def test_bad_values_name_the_key(override: str, match: str) -> None:
 
 @pytest.mark.parametrize(("names", "registry"), [
     (PolicyLossName, POLICY_LOSSES), (LossAggName, LOSS_AGGREGATIONS), (KLEstimatorName, KL_ESTIMATORS),
-    (OffPolicyName, OFF_POLICY), (AdvantageName, ADVANTAGES), (AdvantageName, GROUP_ESTIMATORS),
+    (OffPolicyName, OFF_POLICY),
 ])
 def test_every_config_name_is_a_registered_unit(names, registry) -> None:
-    # Both sides of the advantage split register every estimator name, so none can fall through.
     assert sorted(get_args(names)) == registry.names()
+
+
+def test_the_advantage_name_is_checked_against_the_one_registry() -> None:
+    assert ADVANTAGE_ESTIMATORS.names() == ["dr_grpo", "gae", "grpo", "reinforce_pp", "rloo"]
+    with pytest.raises(ConfigError, match="algorithm.advantage.*unknown advantage estimator 'grpo2'.*rloo"):
+        load_config(overrides=["algorithm.advantage=grpo2"])
+    with pytest.raises(ConfigError, match="algorithm.plugins: cannot import 'no_such_module'"):
+        load_config(overrides=["algorithm.plugins=[no_such_module]"])
 
 
 def test_every_preset_is_a_valid_config() -> None:
     assert sorted(PRESETS) == sorted(get_args(PresetName))
     for name in PRESETS:
         AlgorithmConfig(name=name)
+
+
+def test_every_rollout_backend_is_a_registered_engine() -> None:
+    from rlfleet.config import RolloutConfig
+    from services.rollout.engines import ENGINES
+
+    assert sorted(get_args(RolloutConfig.model_fields["backend"].annotation)) == ENGINES.names()

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.unit
 
 
 def sample(P: int, R: int, advantage: float = 0.0, first: int = 10) -> TrainSample:
-    return TrainSample(prompt_ids=list(range(first, first + P)), response_ids=list(range(first + P, first + P + R)),
+    return TrainSample(prompt_ids=list(range(first, first + P)),
+                       response_ids=list(range(first + P, first + P + R)),
                        behaviour_logprobs=[-0.5] * R, advantage=advantage, generation_version=0)
 
 

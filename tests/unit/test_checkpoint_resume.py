@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import torch
 
 from controller.journal import Journal, audit
@@ -25,7 +26,9 @@ from rlfleet.config import LearnerConfig
 from rlfleet.data.prompts import Prompt, PromptSource
 from rlfleet.errors import CheckpointError
 from rlfleet.types import TrainBatch, TrainSample
-from services.learner.checkpoint import latest_checkpoint, resolve_checkpoint, restore_learner
+from rlfleet.app.launch import local_learner_checkpoints
+from services.learner.checkpoint import (latest_checkpoint, resolve_checkpoint, restore_learner,
+                                         resumable_checkpoints)
 from services.learner.learner import Learner
 
 pytestmark = pytest.mark.unit
@@ -102,7 +105,8 @@ def test_half_written_checkpoints_are_never_picked_and_corrupt_ones_are_named(ti
 
 
 def prompts(n: int) -> list[Prompt]:
-    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="") for i in range(n)]
+    return [Prompt(index=i, text=f"p{i}", prompt_ids=[i + 1], data_source="t", ground_truth="")
+            for i in range(n)]
 
 
 def test_prompt_source_state_round_trips(tmp_path: Path) -> None:
@@ -122,13 +126,15 @@ def test_controller_state_resolution_and_truncation(tmp_path: Path) -> None:
                             [{"seed": 7, "members": [[19, 2], [20, 3]]}])
     save_state(run, state)
     with pytest.raises(CheckpointError, match="nothing to resume"):
-        resolve_resume(run, "latest")  # no learner checkpoint of that step
-    (run / "checkpoints" / "step_4").mkdir(parents=True)
-    (run / "checkpoints" / "step_4" / "meta.json").write_text("{}")
+        resolve_resume(run, "latest", {})  # the learner has no checkpoint of that step
+    ckpt = str(run / "checkpoints" / "step_4")
+    learner_has = {2: str(run / "checkpoints" / "step_2"), 4: ckpt}  # as the learner reports them
     save_state(run, ControllerState(6, 6, 30, state.source, []))  # its learner checkpoint never completed
-    state_file, ckpt = resolve_resume(run, "latest")
-    assert ckpt == run / "checkpoints" / "step_4"
-    assert resolve_resume(run, str(ckpt)) == (state_file, ckpt)
+    state_file, found = resolve_resume(run, "latest", learner_has)
+    assert found == ckpt
+    assert resolve_resume(run, ckpt, learner_has) == (state_file, ckpt)
+    with pytest.raises(CheckpointError, match="no complete checkpoint of step 6"):
+        resolve_resume(run, str(run / "checkpoints" / "step_6"), learner_has)
     loaded = load_state(state_file)
     assert loaded == state
     [d] = loaded.dispatches(prompts(5))
@@ -173,7 +179,8 @@ def test_lr_schedule_reaches_the_optimizer_and_survives_resume(tiny_model_dir: P
     cfg = LearnerConfig(lr=1e-2, lr_scheduler="linear", lr_warmup_steps=2)
 
     def fresh() -> Learner:
-        return Learner(cfg, tiny_model_dir, CPU, torch.float32, ckpt, seed=0, max_response_tokens=4, total_steps=6)
+        return Learner(cfg, tiny_model_dir, CPU, torch.float32, ckpt, seed=0, max_response_tokens=4,
+                       total_steps=6)
 
     a = fresh()
     seen = [a.train(batch(step, step - 1)).metrics["actor/lr"] for step in (1, 2, 3)]
@@ -182,3 +189,66 @@ def test_lr_schedule_reaches_the_optimizer_and_survives_resume(tiny_model_dir: P
     restore_learner(b, path)
     seen += [b.train(batch(step, step - 1)).metrics["actor/lr"] for step in (4, 5, 6)]
     assert seen == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 7.5e-3, 5e-3, 2.5e-3])
+
+
+def flip_bytes(path: Path, offset: int, count: int = 4096) -> None:
+    """Damages `count` bytes in place: the size stays what meta.json recorded."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(count)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_a_checkpoint_damaged_in_place_is_refused_and_latest_falls_back(tiny_model_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    core = make(tiny_model_dir, ckpt)
+    core.train(batch(1, 0))
+    good = core.save_checkpoint(1)
+    core.train(batch(2, 1))
+    newest = core.save_checkpoint(2)
+    weights = newest / "model.safetensors"
+    size = weights.stat().st_size
+    flip_bytes(weights, size // 2)  # inside the tensor data: safetensors itself still loads it
+    assert weights.stat().st_size == size
+    with pytest.raises(CheckpointError, match=r"content of model.safetensors changed"):
+        restore_learner(make(tiny_model_dir, ckpt), newest)
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        resolve_checkpoint(ckpt, str(newest))  # named explicitly: refused, no silent substitute
+    with structlog.testing.capture_logs() as logs:
+        assert resolve_checkpoint(ckpt, "latest") == good and resolve_checkpoint(ckpt, "auto") == good
+    assert any("step_2" in e["event"] and "model.safetensors" in e["event"] for e in logs), logs
+    restored = make(tiny_model_dir, ckpt)
+    assert restore_learner(restored, good, verified=True)["step"] == 1 and restored.version == 1
+    flip_bytes(good / "optimizer.pt", 0, 16)  # every checkpoint damaged: an error, not a fresh start
+    with pytest.raises(CheckpointError, match="no usable checkpoint.*step_2.*step_1"):
+        resolve_checkpoint(ckpt, "auto")
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous_good_one(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    core = make(tiny_model_dir, run / "checkpoints")
+    source = source_state(PromptSource(prompts(5)))
+    for step in (1, 2):
+        core.train(batch(step, step - 1))
+        core.save_checkpoint(step)
+        save_state(run, ControllerState(step, step, 4 * step, source, []))
+    with open(run / "checkpoints" / "step_2" / "optimizer.pt", "r+b") as fh:
+        fh.truncate(100)
+    with structlog.testing.capture_logs() as logs:
+        # controller.resume=latest under `rlfleet run`: the newest GOOD step, read before the learner starts
+        state_file, ckpt = resolve_resume(run, "latest", local_learner_checkpoints(run, "latest"))
+    assert (state_file, ckpt) == (run / "controller_state" / "step_1.json",
+                                  str(run / "checkpoints" / "step_1"))
+    assert any("step_2" in e["event"] and "optimizer.pt has 100 bytes" in e["event"] for e in logs), logs
+    assert resolve_checkpoint(run / "checkpoints",
+                              "latest") == Path(ckpt)  # the learner's own `latest` agrees
+    # what the learner reports to a resuming controller (ListCheckpoints): the damaged step left out
+    assert resumable_checkpoints(run / "checkpoints") == {1: Path(ckpt)}
+    with pytest.raises(CheckpointError, match="optimizer.pt has 100 bytes"):  # named: the learner refuses it
+        resolve_checkpoint(run / "checkpoints", str(run / "checkpoints" / "step_2"))
+    (run / "controller_state" / "step_1.json").write_text("{")  # now no step is whole
+    with pytest.raises(CheckpointError, match="nothing to resume.*step_1.json is unreadable"):
+        resolve_resume(run, "latest", local_learner_checkpoints(run, "latest"))

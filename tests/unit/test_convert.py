@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from rlfleet.cli import main
+from rlfleet.app.cli import main
 from rlfleet.data import convert
 from rlfleet.data.prompts import load_prompts
 from rlfleet.errors import DataError

@@ -109,7 +109,7 @@ def test_report_files_and_table(tmp_path):
 
 def test_resolve_eval_model_takes_the_latest_complete_checkpoint(tmp_path):
     from rlfleet.errors import ConfigError
-    from rlfleet.eval.command import resolve_eval_model
+    from rlfleet.app.eval_command import resolve_eval_model
 
     run = tmp_path / "run"
     for step, complete in ((2, True), (10, True), (12, False)):  # step_12 has no meta.json: half written

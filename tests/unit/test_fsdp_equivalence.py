@@ -49,9 +49,11 @@ def check_equivalence(tiny_model_dir: Path, tmp_path: Path, device: str) -> None
     expected.append(single.train(batch(STEPS + 1)).metrics)  # the restored sharded learner's step
 
     assert sharded["version"] == single.version == STEPS + 1 and len(sharded["metrics"]) == STEPS + 1
-    assert sharded["push_error"], "the abandoned weight push did not fail"  # and the steps after it still match
+    # and the steps after it still match
+    assert sharded["push_error"], "the abandoned weight push did not fail"
     for step, (got, want) in enumerate(zip(sharded["metrics"], expected), start=1):
-        assert got["learner/micro_batches"] == want["learner/micro_batches"] == 6.0  # 3 per mini-batch: one more
+        # 3 per mini-batch: one more
+        assert got["learner/micro_batches"] == want["learner/micro_batches"] == 6.0
         assert got["learner/optimizer_steps"] == 2.0  # than ranks, so rank 1 pads with a blank one
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac",
                     "rollout/logprob_diff_mean", "actor/advantages_mean"):

@@ -99,7 +99,8 @@ def test_step_metrics_keys_and_hand_checked_values():
     b = ScoredGroup(1, PROMPT, [completion([4], 3), completion([5, 6, 7], 3)], [ok(0.0), ok(0.5)])
     samples = a.train_samples() + b.train_samples()
     learner = {"actor/pg_loss": 0.25, "actor/entropy": 1.5, "actor/grad_norm": 0.7, "learner/tokens": 6.0}
-    m = step_metrics(7, 3, [a, b], samples, learner, dropped=1, wait_s=0.1, train_s=0.2, sync_s=0.3,
+    m = step_metrics(7, 3, [a, b], samples, learner, dropped={"stale": 1, "unusable": 2, "filtered": 3},
+                     wait_s=0.1, train_s=0.2, sync_s=0.3,
                      step_s=2.0)
     for key in REQUIRED_KEYS:
         assert key in m, key
@@ -111,7 +112,9 @@ def test_step_metrics_keys_and_hand_checked_values():
     assert m["reward/failed"] == 1.0
     assert m["staleness/mean"] == pytest.approx(0.5)
     assert m["staleness/max"] == 1.0
-    assert m["staleness/dropped_groups"] == 1.0
+    assert m["staleness/dropped_groups"] == 3.0  # the gate's drops: stale and unusable (not filtered)
+    assert (m["dropped_groups/stale"], m["dropped_groups/unusable"],
+            m["dropped_groups/filtered"]) == (1.0, 2.0, 3.0)
     assert m["actor/pg_loss"] == 0.25 and m["actor/entropy"] == 1.5
     assert m["actor/kl_loss"] == 0.0  # absent from the learner: reported as 0, not missing
     assert m["timing/weight_sync_s"] == 0.3
@@ -128,9 +131,10 @@ def test_step_metrics_keys_and_hand_checked_values():
 
 def test_step_metrics_with_no_rewards_or_time():
     group = ScoredGroup(0, PROMPT, [completion([1], 2)], [failed()])
-    m = step_metrics(1, 2, [group], [], {}, dropped=0, wait_s=0.0, train_s=0.0, sync_s=0.0, step_s=0.0)
+    m = step_metrics(1, 2, [group], [], {}, dropped={}, wait_s=0.0, train_s=0.0, sync_s=0.0, step_s=0.0)
     for key in REQUIRED_KEYS:
         assert key in m, key
     assert m["reward/mean"] == 0.0 and m["reward/std"] == 0.0
+    assert all(m[f"dropped_groups/{r}"] == 0.0 for r in ("stale", "unusable", "filtered"))  # always logged
     assert m["perf/tokens_per_s"] == 0.0
     assert m["staleness/max"] == 0.0

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from rlfleet.errors import RlfleetError
-from rlfleet.interrupt import Interrupted, StopOnSignal
+from rlfleet.app.interrupt import Interrupted, StopOnSignal
 
 pytestmark = pytest.mark.unit
 

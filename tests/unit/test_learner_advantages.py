@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.learner.algorithms.advantages import (
-    ADVANTAGES,
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS
+from rlfleet.advantages.token import (
     AdvantageInputs,
+    broadcast,
     discounted_returns,
     gae,
     token_rewards,
@@ -26,7 +27,8 @@ KL_B_T = torch.full((2, 5), 0.1)  # kl_coef * kl on every position (masked ones 
 
 
 def _close(actual, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), torch.tensor(expected, dtype=torch.float32), atol=atol,
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
+                               torch.tensor(expected, dtype=torch.float32), atol=atol,
                                rtol=0)
 
 
@@ -89,30 +91,31 @@ def test_reinforce_pp_whitens_returns_over_the_batch() -> None:
     # Returns on tokens: row 0 [1, 1, 1], row 1 [0.5, 0.5]; mean 4 / 5 = 0.8
     # squared deviations 3 * 0.04 + 2 * 0.09 = 0.3; unbiased var 0.3 / 4 = 0.075; std 0.2738613
     # row 0: 0.2 / 0.2738613 = 0.7302967 ; row 1: -0.3 / 0.2738613 = -1.0954451
-    (out,) = ADVANTAGES.get("reinforce_pp").estimate(_inputs(), 1.0, 1.0)
+    (out,) = ADVANTAGE_ESTIMATORS.get("reinforce_pp").token(_inputs(), 1.0, 1.0)
     _close(out.advantages_B_T, [[0, 0.7302967, 0.7302967, 0.7302967, 0], [0, 0, 0, -1.0954451, -1.0954451]])
     assert out.returns_B_T is None
 
 
 def test_reinforce_pp_equal_rewards_give_zero() -> None:
-    (out,) = ADVANTAGES.get("reinforce_pp").estimate(_inputs(rewards_B=torch.tensor([1.0, 1.0])), 1.0, 1.0)
+    (out,) = ADVANTAGE_ESTIMATORS.get("reinforce_pp").token(_inputs(rewards_B=torch.tensor([1.0, 1.0])),
+                                                            1.0, 1.0)
     assert torch.equal(out.advantages_B_T, torch.zeros(2, 5))
 
 
 def test_group_advantages_broadcast_and_kl_return_to_go() -> None:
     # Controller advantages [1, -1] on every response token
-    (out,) = ADVANTAGES.get("grpo").estimate(_inputs(), 1.0, 1.0)
+    (out,) = broadcast(_inputs(), 1.0, 1.0)
     _close(out.advantages_B_T, [[0, 1, 1, 1, 0], [0, 0, 0, -1, -1]])
     # With the KL in the reward (0.1 per token), minus its return-to-go:
     #   row 0: [0.3, 0.2, 0.1] -> [0.7, 0.8, 0.9] ; row 1: [0.2, 0.1] -> [-1.2, -1.1]
-    (out,) = ADVANTAGES.get("rloo").estimate(_inputs(kl_penalty_B_T=KL_B_T), 1.0, 1.0)
+    (out,) = broadcast(_inputs(kl_penalty_B_T=KL_B_T), 1.0, 1.0)
     _close(out.advantages_B_T, [[0, 0.7, 0.8, 0.9, 0], [0, 0, 0, -1.2, -1.1]])
 
 
 def test_gae_estimator_whitens_advantages_and_returns_value_targets() -> None:
     # Values 0 everywhere, gamma = lam = 1: raw advantages = returns = row 0 [1, 1, 1], row 1 [0.5, 0.5],
     # whitened as in the reinforce_pp test; the value targets stay raw.
-    (out,) = ADVANTAGES.get("gae").estimate(_inputs(values_B_T=torch.zeros(2, 5)), 1.0, 1.0)
-    assert ADVANTAGES.get("gae").needs_values and not ADVANTAGES.get("grpo").needs_values
+    (out,) = ADVANTAGE_ESTIMATORS.get("gae").token(_inputs(values_B_T=torch.zeros(2, 5)), 1.0, 1.0)
+    assert ADVANTAGE_ESTIMATORS.get("gae").needs_values and not ADVANTAGE_ESTIMATORS.get("grpo").needs_values
     _close(out.advantages_B_T, [[0, 0.7302967, 0.7302967, 0.7302967, 0], [0, 0, 0, -1.0954451, -1.0954451]])
     _close(out.returns_B_T, [[0, 1, 1, 1, 0], [0, 0, 0, 0.5, 0.5]])

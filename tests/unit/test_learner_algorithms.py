@@ -50,7 +50,8 @@ def test_ppo_trains_policy_and_critic_in_mini_batches(tiny_model_dir: Path, tmp_
     {"name": "grpo"}, {"name": "gspo"}, {"name": "dr_grpo"}, {"name": "reinforce_pp"},
     {"loss_agg": "seq-mean-token-sum", "clip_ratio_c": 3.0, "off_policy": "tis", "entropy_coef": 0.01},
 ])
-def test_update_is_the_same_whatever_the_micro_batch_size(tiny_model_dir: Path, tmp_path: Path, algorithm) -> None:
+def test_update_is_the_same_whatever_the_micro_batch_size(tiny_model_dir: Path, tmp_path: Path,
+                                                          algorithm) -> None:
     # 16 tokens per micro-batch splits the 4 samples into 3-4 micro-batches; 4096 keeps them together.
     batch = TrainBatch(step=1, samples=samples(behaviour_shift=0.5))
     whole = learner(tiny_model_dir, tmp_path, **algorithm)
@@ -96,7 +97,8 @@ def test_lora_trains_adapters_only_and_pushes_merged_weights(tiny_model_dir: Pat
     changed = 0
     # The pushed set is the model's weights (parameters and persistent buffers, see
     # rlfleet.weights.naming): no recomputed rotary buffers, nothing beyond peft's merge.
-    assert pushed.keys() - merged.keys() == {n for n, _ in plain.model.named_buffers()} & set(plain.model.state_dict())
+    buffers = {n for n, _ in plain.model.named_buffers()} & set(plain.model.state_dict())
+    assert pushed.keys() - merged.keys() == buffers
     for name, tensor in pushed.items():
         if name not in merged:
             continue  # a buffer (rotary frequencies), pushed unchanged
@@ -104,5 +106,6 @@ def test_lora_trains_adapters_only_and_pushes_merged_weights(tiny_model_dir: Pat
         changed += not torch.equal(tensor, base[name])
     assert changed > 0
     q_proj = "model.layers.0.self_attn.q_proj.weight"
-    base_layer = dict(core.model.named_parameters())[f"base_model.model.{q_proj[:-len('.weight')]}.base_layer.weight"]
+    base_name = f"base_model.model.{q_proj[:-len('.weight')]}.base_layer.weight"
+    base_layer = dict(core.model.named_parameters())[base_name]
     torch.testing.assert_close(base_layer, base[q_proj], atol=0, rtol=0)

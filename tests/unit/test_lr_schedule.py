@@ -34,7 +34,8 @@ def test_cosine_decay_halfway_is_half():
     # warmup 2 of 12: decay over 10 steps; step 7 is halfway, cos(pi/2) = 0, factor 0.5.
     assert lr_factor(7, kind="cosine", total_steps=12, warmup=2, min_lr_ratio=0.0) == pytest.approx(0.5)
     assert lr_factor(2, kind="cosine", total_steps=12, warmup=2, min_lr_ratio=0.0) == pytest.approx(1.0)
-    assert lr_factor(12, kind="cosine", total_steps=12, warmup=2, min_lr_ratio=0.0) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(12, kind="cosine", total_steps=12, warmup=2,
+                     min_lr_ratio=0.0) == pytest.approx(0.0, abs=1e-12)
     # quarter of the way: 0.5 * (1 + cos(pi/4)) = 0.8536
     assert lr_factor(4.5, kind="cosine", total_steps=12, warmup=2, min_lr_ratio=0.0) == pytest.approx(
         0.5 * (1 + math.cos(math.pi / 4)))

@@ -15,8 +15,8 @@ from controller.telemetry import ControllerTelemetry
 from rlfleet.errors import DataError
 from rlfleet.logging import set_log_fields, setup_logging
 from rlfleet.metrics import ServiceMetrics
-from rlfleet.plot import read_metrics, series
-from rlfleet.status import collect, format_rows, prometheus_targets
+from rlfleet.app.plot import read_metrics, series
+from rlfleet.app.status import collect, format_rows, prometheus_targets
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,8 @@ MASK_B_T = torch.ones(1, 3)
 
 
 def _close(actual, expected) -> None:
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), torch.tensor(expected), atol=1e-6,
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32), torch.tensor(expected),
+                               atol=1e-6,
                                rtol=0)
 
 
@@ -68,7 +69,8 @@ def test_objective_weighs_each_token_by_its_correction(name: str, loss: float, g
     logp_B_T = OLD_B_T.clone().requires_grad_()
     correction = OFF_POLICY.get(name).apply(BEHAVIOUR_B_T, OLD_B_T, MASK_B_T, 2.0)
     weights_B_T = LOSS_AGGREGATIONS.get("token-mean")(MASK_B_T, BatchCounts.of([MASK_B_T]))
-    out = micro_batch_objective(logp_B_T, torch.ones(1, 3), MASK_B_T, weights_B_T, correction, ObjectiveSettings())
+    out = micro_batch_objective(logp_B_T, torch.ones(1, 3), MASK_B_T, weights_B_T, correction,
+                                ObjectiveSettings())
     _close(out.loss, loss)
     _close(out.metrics["actor/is_ratio_mean"], (1.5 + 3.0 + 0.5) / 3)
     _close(out.metrics["actor/is_clipfrac"], 1 / 3)
@@ -80,4 +82,5 @@ def test_objective_weighs_each_token_by_its_correction(name: str, loss: float, g
 def test_weights_are_constants() -> None:
     old_B_T = OLD_B_T.clone().requires_grad_()
     c = OFF_POLICY.get("tis").apply(BEHAVIOUR_B_T, old_B_T, MASK_B_T, 2.0)
-    assert not c.is_weights_B_T.requires_grad and math.isclose(float(c.is_weights_B_T.sum()), 4.0, rel_tol=1e-6)
+    assert not c.is_weights_B_T.requires_grad and math.isclose(float(c.is_weights_B_T.sum()), 4.0,
+                                                               rel_tol=1e-6)

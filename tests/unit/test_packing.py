@@ -25,7 +25,8 @@ V = 97
 def tiny_qwen2(tied: bool) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=V, max_position_embeddings=64, tie_word_embeddings=tied,
+                      num_key_value_heads=2, vocab_size=V, max_position_embeddings=64,
+                      tie_word_embeddings=tied,
                       attn_implementation="sdpa")
     return Qwen2ForCausalLM(cfg).float().train()
 
@@ -35,11 +36,13 @@ def samples(lengths=((3, 5), (2, 2), (4, 7), (1, 3), (5, 1), (2, 4))) -> list[Tr
     out = []
     for i, (p, r) in enumerate(lengths):
         ids = torch.randint(1, V, (p + r,), generator=g).tolist()
-        out.append(TrainSample(ids[:p], ids[p:], [-2.0] * r, advantage=float(i % 3) - 1.0, generation_version=0))
+        out.append(TrainSample(ids[:p], ids[p:], [-2.0] * r, advantage=float(i % 3) - 1.0,
+                               generation_version=0))
     return out
 
 
-ROUTES = [ForwardSettings(0, False), ForwardSettings(0, True), ForwardSettings(5, False), ForwardSettings(5, True)]
+ROUTES = [ForwardSettings(0, False), ForwardSettings(0, True), ForwardSettings(5, False),
+          ForwardSettings(5, True)]
 
 
 def _loss_and_grads(model, settings: ForwardSettings, temperature: float):
@@ -74,7 +77,8 @@ def test_packed_rows_and_budget() -> None:
     assert sorted(map(sorted, assign_rows([5, 3, 2, 4, 1]))) == [[0], [1, 2], [3, 4]]  # capacity 5
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples()]  # 8 4 11 4 6 6
     split = split_by_packed_budget(samples(), budget_tokens=16)
-    assert [[len(s.prompt_ids) + len(s.response_ids) for s in mb] for mb in split] == [[8, 4], [11, 4], [6, 6]]
+    assert [[len(s.prompt_ids) + len(s.response_ids) for s in mb]
+            for mb in split] == [[8, 4], [11, 4], [6, 6]]
     assert sum(len(mb) for mb in split) == len(lengths)
     assert split_by_packed_budget(samples(), budget_tokens=1) == [[s] for s in samples()]
 

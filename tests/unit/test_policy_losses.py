@@ -25,7 +25,8 @@ def _close(actual, expected, atol: float = 1e-6) -> None:
 
 
 def objective(logp_B_T, old_B_T, adv_B, mask_B_T, *, clip=None, policy_loss="ppo_clip",
-              agg="token-mean", counts=None, loss_scale_tokens=1, ref_B_T=None, kl_coef=0.0, kl_estimator="k3",
+              agg="token-mean", counts=None, loss_scale_tokens=1, ref_B_T=None, kl_coef=0.0,
+              kl_estimator="k3",
               entropy_B_T=None, entropy_coef=0.0):
     mask_B_T = torch.as_tensor(mask_B_T)
     counts = counts or BatchCounts.of([mask_B_T], loss_scale_tokens)
@@ -47,7 +48,8 @@ def test_on_policy_pg_loss_is_minus_mean_advantage() -> None:
     out = objective(logp_B_T, logp_B_T.clone(), torch.tensor([1.0, -0.5]), [[1, 1, 1], [1, 0, 0]])
     _close(out.loss, -0.625)
     m = {k: float(v) for k, v in out.metrics.items()}
-    assert m == pytest.approx({"actor/pg_loss": -0.625, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0,
+    assert m == pytest.approx({"actor/pg_loss": -0.625, "actor/pg_clipfrac": 0.0,
+                               "actor/pg_clipfrac_lower": 0.0,
                                "actor/ratio_mean": 1.0, "actor/ppo_kl": 0.0, "actor/is_ratio_mean": 1.0,
                                "actor/is_clipfrac": 0.0, "actor/kl_loss": 0.0})
 
@@ -87,7 +89,8 @@ def test_clip_is_pessimistic_only() -> None:
     # seq 1: A = -1, r = e^+0.3 = 1.3498588 > 1.2: max(1.3498588, 1.2)   =  1.3498588, unclipped
     # pg_loss = (-0.7408182 + 1.3498588) / 2 = 0.3045203 ; clipfrac = 0
     old_B_T = torch.tensor([[-1.0], [-1.0]])
-    out = objective(old_B_T + torch.tensor([[-0.3], [0.3]]), old_B_T, torch.tensor([1.0, -1.0]), torch.ones(2, 1))
+    out = objective(old_B_T + torch.tensor([[-0.3], [0.3]]), old_B_T, torch.tensor([1.0, -1.0]),
+                    torch.ones(2, 1))
     _close(out.metrics["actor/pg_loss"], 0.3045203)
     _close(out.metrics["actor/pg_clipfrac"], 0.0)
 
@@ -169,8 +172,8 @@ def test_gspo_ignores_padding_in_the_sequence_mean() -> None:
 
 
 def test_kl_loss_term_k3_and_k2() -> None:
-    # On-policy, A = 1 on both tokens: pg_loss = -1. logp = [-1, -2], ref = [-1.5, -1] -> d = logp - ref = [0.5, -1]
-    # k3 = [0.1065307, 0.7182818], mean 0.4124062 -> loss = -1 + 0.1 * 0.4124062 = -0.9587594
+    # On-policy, A = 1 on both tokens: pg_loss = -1. logp = [-1, -2], ref = [-1.5, -1] -> d = logp - ref =
+    # [0.5, -1] k3 = [0.1065307, 0.7182818], mean 0.4124062 -> loss = -1 + 0.1 * 0.4124062 = -0.9587594
     # k2 = d^2 / 2 = [0.125, 0.5], mean 0.3125   -> loss = -1 + 0.1 * 0.3125    = -0.96875
     #   k2 grad: pg -A / N = -0.5 per token, plus 0.1 * d / N = [0.025, -0.05] -> [-0.475, -0.55]
     logp_B_T = torch.tensor([[-1.0, -2.0]], requires_grad=True)
@@ -198,7 +201,8 @@ def test_entropy_bonus() -> None:
     # d loss / d H_t = -0.01 / 2 = -0.005
     logp_B_T = torch.tensor([[-1.0, -2.0]])
     entropy_B_T = torch.tensor([[1.0, 2.0]], requires_grad=True)
-    out = objective(logp_B_T, logp_B_T.clone(), torch.tensor([0.0]), torch.ones(1, 2), entropy_B_T=entropy_B_T,
+    out = objective(logp_B_T, logp_B_T.clone(), torch.tensor([0.0]), torch.ones(1, 2),
+                    entropy_B_T=entropy_B_T,
                     entropy_coef=0.01)
     _close(out.loss, -0.015)
     _close(out.metrics["actor/entropy"], 1.5)
@@ -260,7 +264,8 @@ def test_old_and_reference_are_constants_and_bf16_is_upcast() -> None:
     assert not any(v.requires_grad for v in out.metrics.values())
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"clip_low": 1.0}, "clip_low"), ({"clip_high": -0.1}, "clip_high"),
+@pytest.mark.parametrize(("kwargs", "match"),
+                         [({"clip_low": 1.0}, "clip_low"), ({"clip_high": -0.1}, "clip_high"),
                                                ({"clip_ratio_c": 1.0}, "clip_ratio_c")])
 def test_invalid_clip_settings_rejected(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -155,7 +155,8 @@ def test_render_prompt_rejects_other_types():
 
 
 def make_prompts(n: int) -> list[Prompt]:
-    return [Prompt(index=i, text=str(i), prompt_ids=[i], data_source="d", ground_truth=str(i)) for i in range(n)]
+    return [Prompt(index=i, text=str(i), prompt_ids=[i], data_source="d", ground_truth=str(i))
+            for i in range(n)]
 
 
 def indices(source: PromptSource, count: int) -> list[int]:
@@ -191,3 +192,15 @@ def test_plain_string_ground_truth_that_looks_like_json(tmp_path):
     cols["reward_model"] = ["42", "abc"]
     prompts, _ = load_prompts([write_parquet(tmp_path / "s.parquet", cols)], CharTokenizer())
     assert [p.ground_truth for p in prompts] == ["42", "abc"]
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["joined", "chat-template"])
+@pytest.mark.parametrize("content", [7, [{"type": "text", "text": "hi"}]], ids=["number", "parts-list"])
+def test_chat_message_with_non_string_content_names_file_row_and_column(tmp_path, template, content):
+    rows = verl_rows([[{"role": "user", "content": content}]] * 3)
+    path = write_parquet(tmp_path / "odd.parquet", rows)
+    with pytest.raises(DataError) as info:
+        load_prompts([path], CharTokenizer(chat_template=template))
+    message = str(info.value)
+    assert f"data file {path}, row 0, column 'prompt'" in message, message
+    assert "chat message 0 has content of type" in message and "\n" not in message

@@ -6,14 +6,13 @@ import re
 
 import pytest
 
-from controller.rewards.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from rlfleet.config import load_config
 from rlfleet.errors import ConfigError, InvalidRequest
-from rlfleet.reward_config import needs_reward_service
 from rlfleet.types import ScoreItem
 from services.reward.fns import match, math_answer, penalties
 from services.reward.registry import builtin_functions, load_function, named_functions
 from services.reward.scorer import RewardScorer
+from services.reward.sources.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 
 pytestmark = pytest.mark.unit
 
@@ -88,12 +87,10 @@ def test_scorer_takes_callables_and_refuses_empty_or_duplicate_ids():
 
 def test_reward_sources_config():
     cfg = load_config(None, [("reward.sources=[{name: ext, address: '127.0.0.1:5'}, "
-                              "{name: len, function: length_penalty, params: {max_length: 9}, weight: -0.5}]")])
+                              "{name: len, function: length_penalty, params: {max_length: 9}, "
+                              "weight: -0.5}]")])
     assert [s.name for s in cfg.reward.sources] == ["ext", "len"]
     assert cfg.reward.sources[1].params == {"max_length": 9} and cfg.reward.sources[1].weight == -0.5
-    assert not needs_reward_service(cfg.reward.sources)
-    assert needs_reward_service(load_config().reward.sources)
-    assert needs_reward_service(load_config(None, ["reward.sources=[{name: rm, service: true}]"]).reward.sources)
     for bad, needle in [
         ("[{name: a}]", "exactly one of"),
         ("[{name: a, address: 'h:1', function: gsm8k}]", "exactly one of"),
@@ -110,7 +107,8 @@ def test_reward_sources_config():
 def test_reward_model_config():
     cfg = load_config(None, ["reward.model.path=/models/rm", "reward.model.device=cuda:2",
                              "reward.model.batch_size=4"])
-    assert (cfg.reward.model.path, cfg.reward.model.device, cfg.reward.model.batch_size) == ("/models/rm", "cuda:2", 4)
+    assert (cfg.reward.model.path, cfg.reward.model.device,
+            cfg.reward.model.batch_size) == ("/models/rm", "cuda:2", 4)
     with pytest.raises(ConfigError, match="reward.model.batch_size"):
         load_config(None, ["reward.model.batch_size=0"])
 

@@ -26,4 +26,5 @@ def test_every_rpc_is_implemented(ours, generated):
     rpcs = [name for name, _ in inspect.getmembers(generated, inspect.isfunction) if not name.startswith("_")]
     assert rpcs  # the generated base really lists the service's RPCs
     unimplemented = [name for name in rpcs if getattr(ours, name) is getattr(generated, name)]
-    assert unimplemented == [], f"{ours.__name__} leaves {unimplemented} to the generated NotImplementedError stub"
+    assert unimplemented == [], \
+        f"{ours.__name__} leaves {unimplemented} to the generated NotImplementedError stub"

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from rlfleet.types import SamplingParams
 from services.rollout.engines.decoder import unsupported_reason
@@ -20,7 +27,8 @@ PAD, EOS = 0, 1
 # Prompts of different lengths, so rows are left-padded differently.
 ROWS = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16], [20] * 9, [3]]
 SHAPE = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.5)  # large init: varied tokens
+             num_key_value_heads=2, max_position_embeddings=256,
+             initializer_range=0.5)  # large init: varied tokens
 
 
 def _model(kind: str, seed: int = 0) -> torch.nn.Module:
@@ -32,15 +40,18 @@ def _model(kind: str, seed: int = 0) -> torch.nn.Module:
     return LlamaForCausalLM(LlamaConfig(**SHAPE, rope_scaling={"rope_type": "linear", "factor": 2.0})).eval()
 
 
-def transformers_greedy(model: torch.nn.Module, rows: list[list[int]], new: int) -> tuple[torch.Tensor, torch.Tensor]:
+def transformers_greedy(model: torch.nn.Module, rows: list[list[int]],
+                        new: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), PAD)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
     ids, mask = ids.to(model.device), mask.to(model.device)
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=1,
-                         pad_token_id=PAD, eos_token_id=[EOS], return_dict_in_generate=True, output_logits=True)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                         min_new_tokens=1,
+                         pad_token_id=PAD, eos_token_id=[EOS], return_dict_in_generate=True,
+                         output_logits=True)
     tokens = out.sequences[:, width:]
     logprobs = torch.stack(out.logits, 1).float().log_softmax(-1).gather(2, tokens[..., None])[..., 0]
     return tokens.cpu(), logprobs.cpu()
@@ -62,7 +73,8 @@ def test_greedy_tokens_and_logprobs_match_transformers_generate(kind):
     assert torch.equal(ours, theirs)
     assert len(set(ours.flatten().tolist())) > 20  # really varied output, not one repeated token
     for row in range(len(ROWS)):
-        torch.testing.assert_close(_until_eos(ours, our_logprobs, row), _until_eos(theirs, their_logprobs, row),
+        torch.testing.assert_close(_until_eos(ours, our_logprobs, row),
+                                   _until_eos(theirs, their_logprobs, row),
                                    atol=1e-4, rtol=0)
 
 
@@ -101,7 +113,8 @@ def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
     sampled = SamplingParams(temperature=1.3, top_p=0.9, top_k=20, max_new_tokens=16, seed=7)
     first, logprobs = generator.generate(ROWS, sampled)
     again, _ = generator.generate(ROWS, sampled)
-    other, _ = generator.generate(ROWS, SamplingParams(temperature=1.3, top_p=0.9, top_k=20, max_new_tokens=16, seed=8))
+    other, _ = generator.generate(ROWS, SamplingParams(temperature=1.3, top_p=0.9, top_k=20,
+                                                       max_new_tokens=16, seed=8))
     assert torch.equal(first, again) and not torch.equal(first, other)
     assert (logprobs <= 0).all()
     top1, _ = generator.generate(ROWS, SamplingParams(temperature=0.7, top_k=1, max_new_tokens=16, seed=1))
@@ -115,7 +128,8 @@ def test_top_p_keeps_only_the_nucleus():
     generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
     greedy, _ = generator.generate(ROWS, SamplingParams(temperature=0.0, max_new_tokens=10))
     for seed in range(3):
-        nucleus, _ = generator.generate(ROWS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=10, seed=seed))
+        nucleus, _ = generator.generate(ROWS, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=10,
+                                                             seed=seed))
         assert torch.equal(nucleus, greedy)
 
 
@@ -151,13 +165,17 @@ def test_engine_gives_the_same_completions_by_either_decode_path(tiny_model_dir,
                for i, text in enumerate(["reverse: 123 =", "reverse: 98765 =", "reverse: 4 ="])]
     results = {}
     for decode in ("static", "generate"):
-        engine = HFEngine(tiny_model_dir, torch.device("cpu"), torch.float32, max_batch_sequences=4, decode=decode)
+        engine = HFEngine(tiny_model_dir, torch.device("cpu"), torch.float32, max_batch_sequences=4,
+                          decode=decode)
         assert (engine._static is not None) == (decode == "static")
         for stop in ((), ("pl",)):
-            groups = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=12, stop=stop))
-            results[decode, stop] = sorted((g.request_id, [(c.token_ids, c.text, c.finish_reason) for c in g.completions])
+            groups = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=12,
+                                                             stop=stop))
+            results[decode, stop] = sorted((g.request_id, [(c.token_ids, c.text, c.finish_reason)
+                                                           for c in g.completions])
                                            for g in groups)
     assert results["static", ()] == results["generate", ()]
     assert results["static", ("pl",)] == results["generate", ("pl",)]
     cut = [c for _, cs in results["static", ("pl",)] for c in cs]
-    assert all(text.endswith("pl") and reason == "stop" for _, text, reason in cut)  # cut right after the stop string
+    assert all(text.endswith("pl") and reason == "stop"
+               for _, text, reason in cut)  # cut right after the stop string

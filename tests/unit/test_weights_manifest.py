@@ -91,7 +91,8 @@ def test_checksum_detects_swapped_words() -> None:
 
 
 def test_checksum_spans_chunks() -> None:
-    flat = torch.randint(-(2**15), 2**15, (4_300_000,), dtype=torch.int16, generator=torch.Generator().manual_seed(1))
+    flat = torch.randint(-(2**15), 2**15, (4_300_000,), dtype=torch.int16,
+                         generator=torch.Generator().manual_seed(1))
     ref = checksum(flat)
     flat[4_250_000] += 1
     assert checksum(flat) != ref
@@ -117,7 +118,8 @@ def test_apply_to_module_copies_and_casts() -> None:
 def test_apply_to_module_strict_names_and_shapes() -> None:
     dst = _Tiny()
     before = dst.lin.weight.detach().clone()
-    tensors = {"lin.weight": torch.ones(3, 4), "lin.bias": torch.ones(3), "steps": torch.tensor(1), "extra": torch.ones(1)}
+    tensors = {"lin.weight": torch.ones(3, 4), "lin.bias": torch.ones(3), "steps": torch.tensor(1),
+               "extra": torch.ones(1)}
     with pytest.raises(WeightSyncError, match="extra"):
         apply_to_module(dst, tensors)
     assert apply_to_module(dst, tensors, strict=False) == ["lin.weight", "lin.bias", "steps"]
@@ -146,7 +148,8 @@ def test_layout_and_header_round_trip() -> None:
     assert layout.version == 0 and all(b.checksum == () for b in layout.buckets)
     assert layout.to_bytes() == plan_buckets(_named(), version=9, bucket_bytes=2048).layout().to_bytes()
     digest = layout_digest(layout.to_bytes())
-    assert len(digest) == 4 and digest != layout_digest(plan_buckets(_named()[1:], 0, 2048).layout().to_bytes())
+    other = layout_digest(plan_buckets(_named()[1:], 0, 2048).layout().to_bytes())
+    assert len(digest) == 4 and digest != other
     words = encode_header(-3, len(layout.buckets), 123, 1, digest)
     assert len(words) == HEADER_WORDS and decode_header(words) == (-3, len(layout.buckets), 123, 1, digest)
     pushed = layout.with_push(11, [(i, i + 1) for i in range(len(layout.buckets))])

@@ -27,7 +27,8 @@ def setup():
     path = ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    engine = VLLMEngine(path, torch.device("cpu"), torch.float32, RolloutConfig(max_batch_sequences=16), seed=0)
+    engine = VLLMEngine(path, torch.device("cpu"), torch.float32,
+                        RolloutConfig(max_batch_sequences=16), seed=0)
     group = WeightGroup.host(2, timeout_s=60)
     engine.join_weight_group(group.address, 1, 2, "gloo", 60)
     yield tok, policy, engine, group
@@ -83,7 +84,8 @@ def test_every_update_is_applied_exactly(setup):
     assert _logprob_gap(engine, policy, ids) < 1e-4
     # Perturb one part of the model at a time; the tied embedding / LM head is the part that
     # vLLM's CPU reload alone leaves stale (the gap was ~0.6 before our repack).
-    for version, part in enumerate(["embed_tokens", "self_attn", "mlp", "norm"], start=engine.policy_version + 1):
+    for version, part in enumerate(["embed_tokens", "self_attn", "mlp", "norm"],
+                                   start=engine.policy_version + 1):
         with torch.no_grad():
             for name, p in policy.named_parameters():
                 if part in name:

@@ -97,3 +97,23 @@ class SaveCheckpointResponse(_message.Message):
     PATH_FIELD_NUMBER: _ClassVar[int]
     path: str
     def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointInfo(_message.Message):
+    __slots__ = ("step", "path")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    path: str
+    def __init__(self, step: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints", "restored_from")
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointInfo]
+    restored_from: CheckpointInfo
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointInfo, _Mapping]]] = ..., restored_from: _Optional[_Union[CheckpointInfo, _Mapping]] = ...) -> None: ...

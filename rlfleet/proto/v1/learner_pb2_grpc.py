@@ -55,6 +55,11 @@ class LearnerStub:
                 request_serializer=rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
                 _registered_method=True)
+        self.ListCheckpoints = channel.unary_unary(
+                '/rlfleet.v1.Learner/ListCheckpoints',
+                request_serializer=rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/rlfleet.v1.Learner/GetStatus',
                 request_serializer=rlfleet_dot_v1_dot_common__pb2.GetStatusRequest.SerializeToString,
@@ -66,7 +71,9 @@ class LearnerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Train(self, request, context):
-        """One optimizer step on a batch of scored samples.
+        """One optimizer step on a batch of scored samples. Idempotent: a repeat of a
+        (step, expected_version) already applied returns the stored result and trains
+        nothing, so a call that timed out may be retried.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,6 +96,15 @@ class LearnerServicer:
 
     def SaveCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """The checkpoints a resuming controller can continue from, so it never reads the learner's files
+        (it may run on another machine): the newest one that passes its sha256 digests, and the one
+        the learner started from.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -121,6 +137,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.SaveCheckpoint,
                     request_deserializer=rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -236,6 +257,33 @@ class Learner:
             '/rlfleet.v1.Learner/SaveCheckpoint',
             rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
             rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Learner/ListCheckpoints',
+            rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsRequest.SerializeToString,
+            rlfleet_dot_v1_dot_learner__pb2.ListCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,19 +30,37 @@ class ScoreRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[ScoreItem, _Mapping]]] = ...) -> None: ...
 
 class ScoreResult(_message.Message):
-    __slots__ = ("id", "score", "ok", "error")
+    __slots__ = ("id", "score", "ok", "error", "components")
+    class ComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     ok: bool
     error: str
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    components: _containers.ScalarMap[str, float]
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., components: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "source_metrics")
+    class SourceMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_METRICS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[ScoreResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[ScoreResult, _Mapping]]] = ...) -> None: ...
+    source_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, results: _Optional[_Iterable[_Union[ScoreResult, _Mapping]]] = ..., source_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...

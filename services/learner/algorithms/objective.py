@@ -53,7 +53,8 @@ def micro_batch_objective(logprobs_B_T: torch.Tensor, advantages_B_T: torch.Tens
         return masked_token_mean(values_B_T.detach().float(), mask_B_T)
 
     metrics = {"actor/pg_loss": mean(pg_B_T), "actor/pg_clipfrac": mean(terms.clipped_B_T),
-               "actor/pg_clipfrac_lower": mean(terms.dual_clipped_B_T), "actor/ratio_mean": mean(terms.ratio_B_T),
+               "actor/pg_clipfrac_lower": mean(terms.dual_clipped_B_T),
+               "actor/ratio_mean": mean(terms.ratio_B_T),
                "actor/ppo_kl": mean(correction.base_logprobs_B_T - logprobs_B_T),
                "actor/is_ratio_mean": mean(correction.is_ratio_B_T),
                "actor/is_clipfrac": mean(correction.capped_B_T)}

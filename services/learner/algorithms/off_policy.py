@@ -42,7 +42,8 @@ class OffPolicyCorrection:
 OFF_POLICY: Registry[OffPolicyCorrection] = Registry("off-policy correction")
 
 
-def _behaviour_ratio(old_B_T: torch.Tensor, behaviour_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+def _behaviour_ratio(old_B_T: torch.Tensor, behaviour_B_T: torch.Tensor,
+                     mask_B_T: torch.Tensor) -> torch.Tensor:
     log_w_B_T = torch.where(mask_B_T.bool(), at_least_fp32(old_B_T) - at_least_fp32(behaviour_B_T), 0.0)
     return torch.exp(log_w_B_T.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
 

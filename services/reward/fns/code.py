@@ -47,7 +47,8 @@ def parse_tests(ground_truth: str) -> list[tuple[str, str | None, str | None]]:
         spec = [{"input": i, "output": o} for i, o in zip(spec["inputs"], spec["outputs"])]
     if isinstance(spec, list) and spec and all(isinstance(t, dict) and "output" in t for t in spec):
         return [(str(t.get("input", "")), str(t["output"]), None) for t in spec]
-    raise ValueError("code reward: ground truth must be a non-empty test list, {inputs, outputs} or {asserts}")
+    raise ValueError("code reward: ground truth must be a non-empty test list, {inputs, outputs} or "
+                     "{asserts}")
 
 
 def _same_output(actual: str, expected: str) -> bool:

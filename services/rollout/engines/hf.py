@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.errors import ConfigError
+from rlfleet.ops.logprobs import token_logprobs
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.naming import model_weights
-from services.learner.loss import token_logprobs
 from services.rollout.engine import RolloutEngine, check_prompts
 from services.rollout.engines.decoder import unsupported_reason
 from services.rollout.engines.static_generate import StaticGenerator, left_padded
@@ -30,7 +30,8 @@ log = structlog.get_logger(__name__)
 
 
 class HFEngine(RolloutEngine):
-    def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype, max_batch_sequences: int = 256,
+    def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype,
+                 max_batch_sequences: int = 256,
                  decode: str = "auto", cuda_graphs: bool = True):
         self._device = device
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -39,7 +40,8 @@ class HFEngine(RolloutEngine):
         self.max_batch_sequences = max_batch_sequences
         self.max_seq_len = getattr(self.model.config, "max_position_embeddings", 1 << 30)
         self.eos_ids = self._eos_ids()
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        pad_id = self.tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else self.eos_ids[0]
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self._static = self._static_generator(decode, cuda_graphs)
         self._lock = threading.Lock()
@@ -55,7 +57,8 @@ class HFEngine(RolloutEngine):
         if reason is None:
             return StaticGenerator(self.model, self.pad_id, self.eos_ids, cuda_graphs)
         if decode == "static":
-            raise ConfigError(f"rollout.hf_decode=static: the static decode loop cannot run this model ({reason}); "
+            raise ConfigError("rollout.hf_decode=static: the static decode loop cannot run this model "
+                              f"({reason}); "
                               "use rollout.hf_decode=generate")
         log.info("rollout.static_decode_unavailable", reason=reason, using="transformers generate()")
         return None
@@ -100,8 +103,10 @@ class HFEngine(RolloutEngine):
         return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
                 for g, p in enumerate(prompts)]
 
-    def _transformers_generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """New tokens and their logprobs [rows, T] from transformers' generate() (rollout.hf_decode=generate)."""
+    def _transformers_generate(self, rows: list[list[int]],
+                               params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """New tokens and their logprobs [rows, T] from transformers' generate()
+        (rollout.hf_decode=generate)."""
         width = max(len(r) for r in rows)
         input_ids, valid, _ = left_padded(rows, width, self.pad_id)  # generate() derives the positions itself
         attention = valid.long()
@@ -120,7 +125,8 @@ class HFEngine(RolloutEngine):
         logits = torch.stack(out.logits, dim=1).float()
         return new_ids.cpu(), token_logprobs(logits, new_ids, 1.0 if greedy else params.temperature).cpu()
 
-    def _completion(self, ids: list[int], logprobs: list[float], params: SamplingParams, version: int) -> Completion:
+    def _completion(self, ids: list[int], logprobs: list[float], params: SamplingParams,
+                    version: int) -> Completion:
         # Cut after the first eos (kept, so the learner learns to stop) or at a stop string.
         end, finish = len(ids), "length"
         for j, tok in enumerate(ids):
@@ -129,12 +135,14 @@ class HFEngine(RolloutEngine):
                 break
         if params.stop:  # generate() pads after a stop string: cut right after the token completing it
             for j in range(end):
-                if any(s in self.tokenizer.decode(ids[:j + 1], skip_special_tokens=True) for s in params.stop):
+                if any(s in self.tokenizer.decode(ids[:j + 1], skip_special_tokens=True)
+                       for s in params.stop):
                     end, finish = j + 1, "stop"
                     break
         ids, logprobs = ids[:end], logprobs[:end]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version, text=text)
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, policy_version=version,
+                          text=text)
 
     def weights_digest(self) -> str:
         with self._lock:

@@ -17,7 +17,8 @@ FINISH_CHECK_EVERY = 8  # steps between the host's looks at "has every row finis
 PREFILL_TOKENS = 16384  # prompt tokens prefilled together
 
 
-def left_padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_padded(rows: list[list[int]], width: int,
+                pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids, valid and rotary positions [len(rows), width] on the CPU: each row's last prompt token
     in the last column, positions 0.. over its own tokens (1 on padding, as transformers sets them)."""
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -79,6 +80,8 @@ class StaticGenerator:
         rows = max(1, PREFILL_TOKENS // ids.shape[1])
         logits = []
         for r in range(0, ids.shape[0], rows):
-            block = KVCache(cache.keys[:, r:r + rows], cache.values[:, r:r + rows])  # views: writes land in `cache`
-            logits.append(self.decoder.prefill(block, ids[r:r + rows], positions[r:r + rows], valid[r:r + rows]))
+            block = KVCache(cache.keys[:, r:r + rows],
+                            cache.values[:, r:r + rows])  # views: writes land in `cache`
+            logits.append(self.decoder.prefill(block, ids[r:r + rows], positions[r:r + rows],
+                                               valid[r:r + rows]))
         return torch.cat(logits)

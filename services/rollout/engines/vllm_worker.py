@@ -43,7 +43,10 @@ class RlfleetWeightExtension:
         # Checkpoint-format weights go through vLLM's layerwise reload, which re-runs the
         # post-load processing (fusing, repacking for the CPU kernels) that load_weights alone skips.
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
 
         model = self.model_runner.model
         with set_current_vllm_config(self.vllm_config):

@@ -1,7 +1,8 @@
-"""A reward function run inside the controller, as one of `reward.sources`.
+"""A reward function run inside the reward service, as one of `reward.sources`.
 
 The function (a built-in name or `pkg.module:function`, with the source's
-`params`) scores each batch in a worker thread; at most `max_concurrency`
+`params`; or, for a `service: true` source, the service's own `reward.fn` or
+`reward.model`) scores each batch in a worker thread; at most `max_concurrency`
 batches at once. A batch that takes longer than `timeout_s` is reported as
 failed (the thread is left to finish on its own: Python cannot stop it), and so
 is a batch whose request the scorer refuses (e.g. an unknown data_source).
@@ -14,28 +15,33 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import structlog
 
-from controller.rewards.remote_client import failed
-from controller.rewards.stats import SourceStats
 from rlfleet.errors import RlfleetError
 from rlfleet.reward_config import RewardSourceConfig
+from rlfleet.reward_stats import SourceStats
 from rlfleet.types import ScoreItem, ScoreResult
 from services.reward.scorer import RewardScorer
+from services.reward.sources.remote import failed
 
 log = structlog.get_logger(__name__)
 
 
 class FunctionSource:
-    def __init__(self, cfg: RewardSourceConfig):
+    def __init__(self, cfg: RewardSourceConfig, scorer=None, what: str | None = None):
+        """`scorer`: any core with `score(items)` (the reward service's own, for a `service: true`
+        source), else the source's function; `what` says which in errors."""
         self.cfg, self.name, self.weight = cfg, cfg.name, cfg.weight
-        self.label = f"reward source {cfg.name!r} (function {cfg.function})"
-        self.scorer = RewardScorer(cfg.function, cfg.params)  # a bad spec fails here, before training
+        self.label = f"reward source {cfg.name!r} ({what or f'function {cfg.function}'})"
+        # a bad function spec fails here, before training
+        self.scorer = scorer if scorer is not None else RewardScorer(cfg.function, cfg.params)
         self.stats = SourceStats()
         self._pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix=f"reward-{cfg.name}")
 
-    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
-        self.stats.add(items=len(items))
+    def score(self, items: list[ScoreItem], stats: SourceStats | None = None) -> list[ScoreResult]:
+        stats = stats or SourceStats(parent=self.stats)
+        stats.add(items=len(items))
         size = self.cfg.batch_size
-        futures = [self._pool.submit(self._timed, items[i:i + size]) for i in range(0, len(items), size)]
+        futures = [self._pool.submit(self._timed, items[i:i + size], stats)
+                   for i in range(0, len(items), size)]
         results: list[ScoreResult] = []
         for start, future in zip(range(0, len(items), size), futures):
             chunk = items[start:start + size]
@@ -47,15 +53,15 @@ class FunctionSource:
                 results.extend(failed(chunk, f"{self.label}: {type(exc).__name__}: {exc}"))
         results = [r if r.ok else ScoreResult(r.id, 0.0, ok=False, error=r.error if r.error.startswith(
             self.label) else f"{self.label}: {r.error}") for r in results]
-        self.stats.add(errors=sum(not r.ok for r in results))
+        stats.add(errors=sum(not r.ok for r in results))
         return results
 
-    def _timed(self, chunk: list[ScoreItem]) -> list[ScoreResult]:
+    def _timed(self, chunk: list[ScoreItem], stats: SourceStats) -> list[ScoreResult]:
         started = time.monotonic()
         try:
             return self.scorer.score(chunk)
         finally:
-            self.stats.call(time.monotonic() - started)
+            stats.call(time.monotonic() - started)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

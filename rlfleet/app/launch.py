@@ -2,7 +2,8 @@
 
 Each service binds a free port itself and announces it in
 `<run_dir>/services/<role>.json`, so there is no port race. A child that dies
-stops the whole run with a message naming it; Ctrl-C stops everything cleanly.
+stops the whole run with a message naming it; Ctrl-C stops everything cleanly,
+after the controller checkpointed the last finished step (STOP_GRACE_S at most).
 """
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.app.serve import ROLES
+from rlfleet.app.supervisor import Supervisor
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.interrupt import StopOnSignal
-from rlfleet.reward_config import needs_reward_service
-from rlfleet.rpc.service_main import PARENT_PID_ENV
-from rlfleet.serve import ROLES
-from rlfleet.supervisor import Supervisor
+from rlfleet.rpc.service_main import LOAD_FAILED_EXIT, PARENT_PID_ENV, read_load_error
 
 
 @dataclass
@@ -32,18 +32,37 @@ class Child:
     proc: subprocess.Popen
     stderr_path: Path
     expected_exit: bool = field(default=False)
-    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/supervisor.py)
+    cmd: list[str] = field(default_factory=list)  # to restart it (rlfleet/app/supervisor.py)
     env: dict[str, str] | None = None
+    run_dir: Path | None = None  # where it writes its one-line error if it fails while loading
+
+    def load_error(self) -> str | None:
+        """Its own one-line error if it failed while loading for a reason a restart would repeat."""
+        if self.run_dir is None or self.proc.returncode != LOAD_FAILED_EXIT:
+            return None
+        return read_load_error(self.run_dir, self.role)
 
     def describe_exit(self) -> str:
+        load_error = self.load_error()
+        if load_error:  # the service's own words, not whatever line its stderr happened to end with
+            return (f"the {self.role} service (pid {self.proc.pid}) failed while loading: {load_error} "
+                    f"(full output: {self.stderr_path})")
         tail = ""
         try:
             lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
             tail = f": {lines[-1].strip()}" if lines else ""
         except OSError:
             pass
-        return (f"the {self.role} service (pid {self.proc.pid}) exited with code {self.proc.returncode}{tail} "
+        return (f"the {self.role} service (pid {self.proc.pid}) exited with code "
+                f"{self.proc.returncode}{tail} "
                 f"(full output: {self.stderr_path})")
+
+
+# After Ctrl-C/SIGTERM the services stay up while the controller finishes its step and checkpoints
+# it (controller/loop.py); this long at most, should the controller be stuck in a call. A 7B model's
+# checkpoint (weights and Adam state, ~70 GB, written then hashed) takes about two minutes. A second
+# Ctrl-C stops everything at once.
+STOP_GRACE_S = 300.0
 
 
 def replica_names(count: int) -> list[str]:
@@ -70,7 +89,7 @@ class Launcher:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         services_dir = self.run_dir / "services"
         services_dir.mkdir(parents=True, exist_ok=True)
-        for stale in services_dir.glob("*.json"):
+        for stale in [*services_dir.glob("*.json"), *services_dir.glob("*.load-error")]:
             stale.unlink()
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(self.cfg.to_yaml())
@@ -89,27 +108,26 @@ class Launcher:
                 for index, name in enumerate(replica_names(self.cfg.rollout.replicas)):
                     self._spawn(role, config_path, name, index)
                 continue
-            if role == "reward" and not needs_reward_service(self.cfg.reward.sources):
-                continue  # every reward source is an external server or a function in the controller
             self._spawn(role, config_path, role, 0)
+        # Watched from the start: one that fails while loading stops the run while others still load.
+        threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         for child in self.children:
             addresses[child.role] = self._await_announce(child)
-        threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         return addresses
 
     def _spawn(self, role: str, config_path: Path, name: str, index: int) -> None:
         if self.stop.is_set():  # Ctrl-C while starting: start nothing more
             raise RlfleetError("stopping")
         stderr_path = self.run_dir / "logs" / f"{name}.stderr"
-        cmd = [sys.executable, "-m", "rlfleet.cli", "serve", role, "--name", name, "--index", str(index),
+        cmd = [sys.executable, "-m", "rlfleet.app.cli", "serve", role, "--name", name, "--index", str(index),
                "--config", str(config_path), f"run.threads_per_service={self._threads()}"]
         if role == "learner" and self.cfg.learner.world_size > 1:  # one process per rank; rank 0 serves gRPC
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                        str(self.cfg.learner.world_size), "-m", "rlfleet.cli"]
+                        str(self.cfg.learner.world_size), "-m", "rlfleet.app.cli"]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
-        self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env))
+        self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env, run_dir=self.run_dir))
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"
@@ -137,10 +155,13 @@ class Launcher:
             time.sleep(0.2)
 
     def alive(self) -> bool:
-        return self.failure is None
+        """Worth waiting for the services: none failed for good and the run is not being stopped."""
+        return self.failure is None and not self.stop.is_set()
 
     def dead_child(self) -> str | None:
         """Why a child died, looking again right now (the watcher polls only every 0.2 s)."""
+        if self.failure is not None:  # the supervisor's verdict: it also says whether restarts were spent
+            return self.failure
         for child in self.children:
             if not child.expected_exit and child.proc.poll() is not None:
                 return child.describe_exit()
@@ -169,11 +190,28 @@ class Launcher:
 
 def format_progress(m: dict[str, Any], max_steps: int) -> str:
     return (f"step {m['step']:>4}/{max_steps} | v{m['policy_version']:<4} | reward {m['reward/mean']:.3f} "
-            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy {m['actor/entropy']:.3f} "
-            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | {m['perf/tokens_per_s']:.0f} tok/s "
+            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy "
+            f"{m['actor/entropy']:.3f} "
+            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | "
+            f"{m['perf/tokens_per_s']:.0f} tok/s "
             f"| sync {m['timing/weight_sync_s'] * 1000:.0f} ms"
-            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far" if m.get("reward/excluded_total")
+            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far"
+               if m.get("reward/excluded_total")
                else ""))
+
+
+def local_learner_checkpoints(run_dir: Path, spec: str) -> dict[int, str]:
+    """What the learner would report (ListCheckpoints) for `controller.resume=spec`, read from the
+    local files before it starts. `latest`: newest first, the checkpoints down to the newest that
+    passes its digests and has a controller state that loads (damaged ones passed over with a
+    warning). A named step: the complete checkpoints; the learner checks the one it loads."""
+    from controller.state import has_state, resume_folder
+    from services.learner.checkpoint import complete_checkpoints, resumable_checkpoints
+
+    root = resume_folder(run_dir, spec) / "checkpoints"
+    found = (resumable_checkpoints(root, wanted=lambda step: has_state(run_dir, step)) if spec == "latest"
+             else complete_checkpoints(root))
+    return {step: str(path) for step, path in found.items()}
 
 
 def run_job(cfg: JobConfig) -> dict[str, Any]:
@@ -188,9 +226,20 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
         from controller.state import resolve_resume
-        cfg.learner.resume_from = str(resolve_resume(cfg.run.dir, cfg.controller.resume)[1])
+
+        # The learner is not started yet: read its checkpoints here, where both roles' files are local.
+        found = local_learner_checkpoints(cfg.run.dir, cfg.controller.resume)
+        cfg.learner.resume_from = resolve_resume(cfg.run.dir, cfg.controller.resume, found)[1]
     launcher = Launcher(cfg)
-    with StopOnSignal(launcher.stop, on_first=launcher.shutdown) as signals:
+    finished = threading.Event()
+
+    def stop_services_once_checkpointed() -> None:
+        print("rlfleet: stopping; checkpointing the last finished step first (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+        if not finished.wait(STOP_GRACE_S):
+            launcher.shutdown()
+
+    with StopOnSignal(launcher.stop, on_first=stop_services_once_checkpointed) as signals:
         try:
             addresses = launcher.start_services()
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
@@ -198,7 +247,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
                                      on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
                                                              flush=True))
         except RlfleetError:
-            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/interrupt.py)
+            if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
                 dead = launcher.dead_child()
                 if dead:
@@ -206,6 +255,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             raise
         finally:
             launcher.shutdown()
+            finished.set()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)

@@ -61,7 +61,8 @@ class ContractChecker:
             out.append(reward_pb2.ScoreItem(**fields))
         return out
 
-    def score(self, items: list[reward_pb2.ScoreItem], timeout_s: float | None = None) -> reward_pb2.ScoreResponse:
+    def score(self, items: list[reward_pb2.ScoreItem],
+              timeout_s: float | None = None) -> reward_pb2.ScoreResponse:
         return self.stub.Score(reward_pb2.ScoreRequest(items=items), timeout=timeout_s or self.timeout_s)
 
     def well_formed(self, items: list[reward_pb2.ScoreItem], reply: reward_pb2.ScoreResponse) -> str:
@@ -76,7 +77,8 @@ class ContractChecker:
             if not result.ok and not result.error:
                 raise Failed(f"item {item.id}: ok=false without an error message")
         failed = sum(not r.ok for r in results)
-        return f"{len(results)} result{'s' * (len(results) != 1)} in order" + (f", {failed} unscorable (ok=false)" if failed else "")
+        unscorable = f", {failed} unscorable (ok=false)" if failed else ""
+        return f"{len(results)} result{'s' * (len(results) != 1)} in order" + unscorable
 
     def expect_code(self, call: Callable[[], object], code: grpc.StatusCode) -> str:
         try:
@@ -120,7 +122,8 @@ class ContractChecker:
         for item, together in zip(items, batch):
             alone = self.score([item]).results[0]
             if alone.ok != together.ok or (alone.ok and abs(alone.score - together.score) > 1e-6):
-                raise Failed(f"item {item.id}: {alone.ok}/{alone.score} alone, {together.ok}/{together.score} "
+                raise Failed(f"item {item.id}: {alone.ok}/{alone.score} alone, "
+                             f"{together.ok}/{together.score} "
                              f"in a batch")
         return f"{len(items)} items score the same alone and batched"
 

@@ -1,6 +1,6 @@
 """Turn a Python function into an rlfleet reward server.
 
-    from rlfleet.reward_sdk import serve
+    from rlfleet.app.reward_sdk import serve
 
     def score(data_source, solution_str, ground_truth, extra_info):
         return float(solution_str.strip() == ground_truth)
@@ -49,7 +49,8 @@ class BatchFunctionScorer:
             return []
         values = list(self.fn(items))
         if len(values) != len(items):
-            raise RewardError(f"the batch reward function returned {len(values)} values for {len(items)} items")
+            raise RewardError(f"the batch reward function returned {len(values)} values for "
+                              f"{len(items)} items")
         return [_result(item.id, value) for item, value in zip(items, values)]
 
 
@@ -124,7 +125,8 @@ def serve(fn: Callable | str, port: int = 0, host: str = "127.0.0.1", *, params:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="rlfleet reward serve")
-    parser.add_argument("function", help="a built-in reward (gsm8k, math, code, digits, …) or pkg.module:function")
+    parser.add_argument("function", help="a built-in reward (gsm8k, math, code, digits, …) or "
+                        "pkg.module:function")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",

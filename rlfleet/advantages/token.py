@@ -1,7 +1,7 @@
-"""Token-level advantages computed by the learner, chosen by ``algorithm.advantage``.
+"""The token-level stage of the advantage estimators, which the learner runs over the whole train batch.
 
-The controller computes the group estimators (grpo, dr_grpo, rloo: they need the groups)
-and sends one advantage per sample; here they are broadcast to the sample's tokens. The
+The controller computes the group stage (grpo, dr_grpo, rloo: they need the groups) and
+sends one advantage per sample; ``broadcast`` spreads it over the sample's tokens. The
 estimators that need token-level quantities only the learner has run here on the whole
 train batch: ``reinforce_pp`` (whitened returns) and ``gae`` (a learned value baseline).
 
@@ -16,12 +16,9 @@ after the response leaves the running sums at 0, and prompt positions are masked
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from rlfleet.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -39,15 +36,6 @@ class AdvantageInputs:
 class AdvantageOutputs:
     advantages_B_T: torch.Tensor
     returns_B_T: torch.Tensor | None = None  # value targets, for gae
-
-
-@dataclass(frozen=True)
-class LearnerEstimator:
-    needs_values: bool
-    estimate: Callable[[list[AdvantageInputs], float, float], list[AdvantageOutputs]]
-
-
-ADVANTAGES: Registry[LearnerEstimator] = Registry("advantage estimator")
 
 
 def token_rewards(rewards_B: torch.Tensor, mask_B_T: torch.Tensor,
@@ -111,7 +99,9 @@ def whiten(values: list[torch.Tensor], masks: list[torch.Tensor], eps: float = 1
     return [torch.where(m.bool(), (v.float() - mean) / (std + eps), 0.0) for v, m in zip(values, masks)]
 
 
-def _sequence(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
+def broadcast(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
+    """The controller's sequence advantage on every response token (minus the KL penalty's
+    return-to-go under kl_in_reward): the token stage of every group estimator."""
     outputs = []
     for b in batches:
         keep_B_T = b.mask_B_T.bool()
@@ -123,14 +113,15 @@ def _sequence(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[
     return outputs
 
 
-def _reinforce_pp(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
+def reinforce_pp_advantages(batches: list[AdvantageInputs], gamma: float,
+                            lam: float) -> list[AdvantageOutputs]:
     returns = [discounted_returns(token_rewards(b.rewards_B, b.mask_B_T, b.kl_penalty_B_T), b.mask_B_T, gamma)
                for b in batches]
     whitened = whiten(returns, [b.mask_B_T for b in batches])
     return [AdvantageOutputs(a) for a in whitened]
 
 
-def _gae(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
+def gae_advantages(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[AdvantageOutputs]:
     pairs = []
     for b in batches:
         assert b.values_B_T is not None, "gae needs critic values"
@@ -138,8 +129,3 @@ def _gae(batches: list[AdvantageInputs], gamma: float, lam: float) -> list[Advan
                          gamma, lam))
     whitened = whiten([adv for adv, _ in pairs], [b.mask_B_T for b in batches])
     return [AdvantageOutputs(a, returns) for a, (_, returns) in zip(whitened, pairs)]
-
-
-ADVANTAGES.register("grpo", "dr_grpo", "rloo")(LearnerEstimator(needs_values=False, estimate=_sequence))
-ADVANTAGES.register("reinforce_pp")(LearnerEstimator(needs_values=False, estimate=_reinforce_pp))
-ADVANTAGES.register("gae")(LearnerEstimator(needs_values=True, estimate=_gae))

@@ -1,4 +1,4 @@
-"""Client of one reward server (an external one, or rlfleet's reward service) for `reward.sources`.
+"""Client of one external reward server, for `reward.sources` (the reward service calls it).
 
 A batch is split into calls of `batch_size` items, at most `max_concurrency` in
 flight. Each call has its own deadline (`timeout_s`). A call that fails
@@ -22,14 +22,14 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.rewards.breaker import HALF_OPEN, CircuitBreaker
-from controller.rewards.stats import SourceStats
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.proto.v1 import reward_pb2_grpc
 from rlfleet.reward_config import RewardSourceConfig
+from rlfleet.reward_stats import SourceStats
 from rlfleet.rpc import convert
-from rlfleet.rpc.security import Security, current, secure_channel
+from rlfleet.rpc.security import Security, secure_channel
 from rlfleet.types import ScoreItem, ScoreResult
+from services.reward.sources.breaker import HALF_OPEN, CircuitBreaker
 
 log = structlog.get_logger(__name__)
 
@@ -47,7 +47,8 @@ def check_reply(items: list[ScoreItem], results: list[ScoreResult]) -> str | Non
         return f"returned {len(results)} results for {len(items)} items"
     for position, (item, result) in enumerate(zip(items, results)):
         if result.id != item.id:
-            return f"result {position} has id {result.id!r}, expected {item.id!r} (results must keep item order)"
+            return (f"result {position} has id {result.id!r}, expected {item.id!r} "
+                    "(results must keep item order)")
     return None
 
 
@@ -73,15 +74,19 @@ def wait_ready(channel: grpc.Channel, label: str, timeout_s: float, alive: Calla
 
 class RemoteSource:
     def __init__(self, cfg: RewardSourceConfig, address: str, connect_timeout_s: float = 60.0,
-                 alive: Callable[[], bool] = lambda: True, wait: bool = True):
+                 alive: Callable[[], bool] = lambda: True, wait: bool = True,
+                 security: Security | None = None):
+        """`security`: the fleet's TLS and bearer token, used when the source has fleet_security
+        (None: plain gRPC)."""
         self.cfg, self.name, self.weight, self.address = cfg, cfg.name, cfg.weight, address
         self.label = f"reward source {cfg.name!r} at {address}"
         self.stats = SourceStats()
         self.breaker = CircuitBreaker(cfg.circuit_failures, cfg.circuit_cooldown_s)
         # gRPC's own reconnect backoff must not outlast ours: a server that is back is seen soon.
-        # TLS and the bearer token of `security` (rlfleet.rpc.security), as every rlfleet channel.
-        plain = Security(max_message_bytes=current().max_message_bytes)
-        self.channel = secure_channel(address, None if cfg.fleet_security else plain, extra_options=[
+        # The fleet's TLS and bearer token, or plain gRPC (same message limit) for a server outside it.
+        security = security or Security()
+        plain = Security(max_message_bytes=security.max_message_bytes)
+        self.channel = secure_channel(address, security if cfg.fleet_security else plain, extra_options=[
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000)])
         self._stub = reward_pb2_grpc.RewardStub(self.channel)
@@ -93,42 +98,45 @@ class RemoteSource:
                 self.close()
                 raise
 
-    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    def score(self, items: list[ScoreItem], stats: SourceStats | None = None) -> list[ScoreResult]:
+        stats = stats or SourceStats(parent=self.stats)
         size = self.cfg.batch_size
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
-        self.stats.add(items=len(items))
-        results = [r for chunk in self._pool.map(self._call, chunks) for r in chunk]
-        self.stats.add(errors=sum(not r.ok for r in results))
+        stats.add(items=len(items))
+        results = [r for chunk in self._pool.map(lambda c: self._call(c, stats), chunks) for r in chunk]
+        stats.add(errors=sum(not r.ok for r in results))
         return results
 
-    def _call(self, items: list[ScoreItem]) -> list[ScoreResult]:
+    def _call(self, items: list[ScoreItem], stats: SourceStats) -> list[ScoreResult]:
         request = convert.score_items_to_proto(items)
         attempts = self.cfg.max_retries + 1
         for attempt in range(attempts):
             state = self.breaker.allow()
             if state is None:
-                self.stats.add(rejected=len(items))
+                stats.add(rejected=len(items))
                 return failed(items, f"{self.label}: circuit open after repeated failures, next probe in "
                                      f"{self.breaker.retry_in_s():.1f}s")
             started = time.monotonic()
             try:
                 # A probe may wait for the channel to reconnect, within its deadline.
-                reply = self._stub.Score(request, timeout=self.cfg.timeout_s, wait_for_ready=state == HALF_OPEN)
+                reply = self._stub.Score(request, timeout=self.cfg.timeout_s,
+                                         wait_for_ready=state == HALF_OPEN)
             except grpc.RpcError as err:
-                self.stats.call(time.monotonic() - started)
+                stats.call(time.monotonic() - started)
                 self.breaker.record_failure()
                 code = err.code()
                 if code in TRANSIENT and attempt + 1 < attempts:
-                    self.stats.add(retries=1)
+                    stats.add(retries=1)
                     time.sleep(self._backoff(attempt))
                     continue
-                detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                detail = (f"deadline of {self.cfg.timeout_s:g}s exceeded" if code
+                          == grpc.StatusCode.DEADLINE_EXCEEDED
                           else err.details())
                 log.warning("reward call failed", source=self.name, address=self.address, code=code.name,
                             error=detail, attempts=attempt + 1)
                 return failed(items, f"{self.label}: Score failed with {code.name}: {detail} "
                                      f"(after {attempt + 1} attempt{'s' if attempt else ''})")
-            self.stats.call(time.monotonic() - started)
+            stats.call(time.monotonic() - started)
             return self._accept(items, convert.score_results_from_proto(reply))
         raise AssertionError("unreachable")
 
@@ -136,13 +144,15 @@ class RemoteSource:
         problem = check_reply(items, results)
         if problem is not None:
             self.breaker.record_failure()
-            log.error("reward server broke the contract", source=self.name, address=self.address, error=problem)
+            log.error("reward server broke the contract", source=self.name, address=self.address,
+                      error=problem)
             return failed(items, f"{self.label} broke the reward contract: {problem}")
         self.breaker.record_success()
         out = []
         for r in results:
             if r.ok and not math.isfinite(r.score):
-                log.error("reward server returned a non-finite score", source=self.name, item=r.id, score=r.score)
+                log.error("reward server returned a non-finite score", source=self.name, item=r.id,
+                          score=r.score)
                 out.append(ScoreResult(r.id, 0.0, ok=False, error=f"{self.label} broke the reward contract: "
                                        f"score {r.score} for an ok result"))
             elif not r.ok:

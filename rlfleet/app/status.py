@@ -24,6 +24,7 @@ from rlfleet.proto.v1 import (
     rollout_pb2_grpc,
 )
 from rlfleet.rpc.channel import health_status, open_channel
+from rlfleet.rpc.security import Security
 
 _STUBS = {
     "rollout": rollout_pb2_grpc.RolloutStub,
@@ -98,8 +99,8 @@ def _query_controller(row: dict[str, Any], channel: grpc.Channel) -> list[tuple[
     return [(s.role, s.address) for s in st.services]
 
 
-def _query(row: dict[str, Any]) -> list[tuple[str, str]]:
-    channel = open_channel(row["address"])
+def _query(row: dict[str, Any], security: Security | None) -> list[tuple[str, str]]:
+    channel = open_channel(row["address"], security)
     try:
         row["health"] = health_status(channel)
         if row["health"] == "UNREACHABLE":
@@ -115,7 +116,8 @@ def _query(row: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _restart_counts(folder: Path) -> dict[str, int]:
-    """How many times `rlfleet run` restarted each service (rlfleet/supervisor.py appends one line each)."""
+    """How many times `rlfleet run` restarted each service (rlfleet/app/supervisor.py appends one line
+    each)."""
     counts: dict[str, int] = {}
     try:
         lines = (folder / "restarts.jsonl").read_text().splitlines()
@@ -151,7 +153,8 @@ def _announced(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def collect(run_dir: Path) -> list[dict[str, Any]]:
+def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, Any]]:
+    """`security`: the run's TLS and token (None: plain gRPC)."""
     folder = run_dir / "services"
     if not folder.is_dir():
         raise DataError(f"{run_dir} has no services/ folder: is it a run folder (<output_dir>/<name>)?")
@@ -160,11 +163,12 @@ def collect(run_dir: Path) -> list[dict[str, Any]]:
     for row in list(rows):
         if row["address"] == "-":
             continue
-        for role, address in _query(row):  # services the controller uses that announced nowhere here
+        # services the controller uses that announced nowhere here
+        for role, address in _query(row, security):
             if (role, address) not in known:
                 known.add((role, address))
                 extra = _row(role, address, pid="external")
-                _query(extra)
+                _query(extra, security)
                 rows.append(extra)
     order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3}
     return sorted(rows, key=lambda r: (order.get(_kind(r["role"]), 9), r["role"], r["address"]))
@@ -202,9 +206,10 @@ def write_prometheus_targets(run_dir: Path, path: Path) -> int:
     return len(targets)
 
 
-def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None) -> int:
+def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None,
+                 security: Security | None = None) -> int:
     """Exit code 0 when every service is SERVING, 1 otherwise."""
-    rows = collect(Path(run_dir))
+    rows = collect(Path(run_dir), security)
     if prometheus_sd:
         count = write_prometheus_targets(Path(run_dir), Path(prometheus_sd))
         print(f"rlfleet: wrote {count} Prometheus targets to {prometheus_sd}")

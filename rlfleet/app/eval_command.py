@@ -110,26 +110,20 @@ def _sampling(args: argparse.Namespace, cfg):
 
 
 def reward_scorer(cfg):
-    """What training scores with: `reward.sources` combined (sources that use the reward service need
-    `reward.address`), else the reward service's own core (`reward.model.path`, or `reward.fn`) in-process."""
-    if cfg.reward.sources:
-        from controller.rewards import make_reward_client
-
-        addresses = {"reward": cfg.reward.address} if cfg.reward.address else {}
-        return make_reward_client(
-            cfg, addresses, cfg.controller.rpc_timeout_s, cfg.controller.connect_timeout_s
-        )
+    """What training scores with, in-process: the reward service's core (`reward.sources` combined, else
+    `reward.model.path`, else `reward.fn`)."""
+    from rlfleet.rpc.security import Security
     from services.reward.build import build_scorer
 
-    return build_scorer(cfg.reward)
+    # the job's TLS and token, for the channels to external reward servers
+    return build_scorer(cfg.reward, cfg.controller.connect_timeout_s,
+                        Security.from_config(cfg.security, cfg.limits))
 
 
 def run(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
-    from rlfleet.rpc import security
 
     cfg = load_config(args.config, args.overrides)
-    security.use(cfg.security, cfg.limits)  # TLS and token of the channels to reward services
     files = args.data or cfg.data.val_files
     if not files:
         raise ConfigError("rlfleet eval needs --data FILE.parquet (or data.val_files in the config)")
@@ -155,9 +149,14 @@ def run(args: argparse.Namespace) -> int:
             cfg.data.max_prompt_length, params.max_new_tokens, model_path, str(model_path),
             new_tokens_key="--max-new-tokens" if args.max_new_tokens else "rollout.max_new_tokens",
         )
-        prompts, too_long = load_prompts([Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key, max_prompt)
+        prompts, too_long = load_prompts([Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key,
+                                         max_prompt)
         if too_long:
-            print(f"rlfleet: {too_long} prompts longer than data.max_prompt_length={max_prompt} tokens left out")
+            print(
+                f"rlfleet: {too_long} prompts longer than "
+                f"data.max_prompt_length={max_prompt} "
+                f"tokens left out"
+            )
         start = time.perf_counter()
         samples = run_eval(
             prompts,

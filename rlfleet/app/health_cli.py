@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     health.add_argument("--timeout", type=float, default=3.0, help="deadline of one check, seconds")
     health.add_argument("--wait", type=float, default=0.0, metavar="S",
                         help="keep checking until SERVING, for at most S seconds (default: check once)")
-    health.add_argument("--quiet", "-q", action="store_true", help="print nothing; only the exit status tells")
+    health.add_argument("--quiet", "-q", action="store_true",
+                        help="print nothing; only the exit status tells")
     health.add_argument("--config", "-c", help="job YAML whose `security` section (TLS) to use; health needs "
                         "no token")
 
@@ -40,15 +41,15 @@ def _ask(stub, service: str, timeout_s: float) -> str:
 
 
 def check(address: str, service: str = "", timeout_s: float = 3.0, wait_s: float = 0.0,
-          interval_s: float = 0.5) -> str:
+          interval_s: float = 0.5, security=None) -> str:
     """The health status name (SERVING, NOT_SERVING, …) or UNREACHABLE; while `wait_s` lasts, asks
-    again until it is SERVING."""
+    again until it is SERVING. `security`: TLS to use (rlfleet.rpc.security.Security; None: plain)."""
     from grpc_health.v1 import health_pb2_grpc
 
     from rlfleet.rpc.channel import open_channel
 
     deadline = time.monotonic() + wait_s
-    with open_channel(address) as channel:
+    with open_channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             status = _ask(stub, service, timeout_s)
@@ -58,8 +59,8 @@ def check(address: str, service: str = "", timeout_s: float = 3.0, wait_s: float
             time.sleep(min(interval_s, remaining))
 
 
-def run(args: argparse.Namespace) -> int:
-    status = check(args.address, args.service, args.timeout, args.wait)
+def run(args: argparse.Namespace, security=None) -> int:
+    status = check(args.address, args.service, args.timeout, args.wait, security=security)
     if not args.quiet:
         print(f"{args.address} {status}", flush=True)
     return 0 if status == SERVING else 1

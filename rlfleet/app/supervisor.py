@@ -4,7 +4,11 @@ A dead child is restarted `run.max_restarts` times at most (over the run), after
 4 s, … on the same port (the controller's channels reconnect by themselves), the learner
 from its newest checkpoint (`learner.resume_from=auto`). Each restart is printed, logged
 and appended to `<run_dir>/services/restarts.jsonl`. Once the restarts are spent the run
-stops and names the service, as it did before restarts existed.
+stops, names the service and says so ("restarts spent 3/3").
+
+A service that failed while loading for a reason a restart would repeat (exit code
+LOAD_FAILED_EXIT, rlfleet/rpc/service_main.py: a bad config value, data file or checkpoint)
+is not restarted: the run stops at once with the service's own one-line error.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from rlfleet.rpc.service_main import load_error_path
 
 log = structlog.get_logger(__name__)
 
@@ -43,9 +49,11 @@ class Supervisor:
         state = self._state.setdefault(child.role, _Restarts())
         if state.due is None:
             why = child.describe_exit()
+            if child.load_error() is not None:
+                return why + "; not restarted: it failed while loading, which a restart would repeat"
             if state.count >= self.max_restarts:
-                return why + (f" (restarted {state.count} times already, run.max_restarts={self.max_restarts})"
-                              if state.count else "")
+                return why + (f"; restarts spent {state.count}/{self.max_restarts} (run.max_restarts)"
+                              if self.max_restarts else "; not restarted (run.max_restarts=0)")
             delay = self.backoff_s * (2 ** state.count)
             print(f"rlfleet: {why}; restarting it ({state.count + 1}/{self.max_restarts}) in {delay:g}s",
                   file=sys.stderr, flush=True)
@@ -73,10 +81,13 @@ class Supervisor:
             pass
         if role == "learner":
             extra.append("learner.resume_from=auto")  # its newest checkpoint, or fresh if none yet
+        if child.run_dir is not None:  # a record left by an earlier life must not describe this one
+            load_error_path(child.run_dir, child.role).unlink(missing_ok=True)
         with open(child.stderr_path, "a") as stderr:
             child.proc = subprocess.Popen([*child.cmd, *extra], stdout=subprocess.DEVNULL, stderr=stderr,
                                           env=child.env, start_new_session=True)
-        print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr, flush=True)
+        print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr,
+              flush=True)
         log.warning("service restarted", service=child.role, pid=child.proc.pid)
 
     def _record(self, entry: dict[str, Any]) -> None:

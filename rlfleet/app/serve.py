@@ -1,10 +1,14 @@
-"""`rlfleet serve ROLE`: builds one service's core and runs it."""
+"""`rlfleet serve ROLE`: builds one service's core and runs it.
+
+Each service's TLS, bearer token and request limits come from its job config (`security`,
+`limits`) and are handed to its server, servicer and channels here: nothing is process-wide."""
 from __future__ import annotations
 
 import structlog
 
-from rlfleet.config import JobConfig
+from rlfleet.config import JobConfig, LearnerConfig
 from rlfleet.devices import resolve_device, resolve_dtype
+from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import run_service
 
 ROLES = ("rollout", "reward", "learner")
@@ -13,24 +17,19 @@ ROLES = ("rollout", "reward", "learner")
 def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None:
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
+    from services.rollout.engines import ENGINES
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
-    servicer = RolloutServicer()
+    security = Security.from_config(cfg.security, cfg.limits)
+    servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
-        if cfg.rollout.backend == "vllm":
-            from services.rollout.engines.vllm import VLLMEngine
-            engine = VLLMEngine(path, device, dtype, cfg.rollout, seed=cfg.run.seed)
-        else:
-            from services.rollout.engines.hf import HFEngine
-            engine = HFEngine(path, device, dtype, cfg.rollout.max_batch_sequences, cfg.rollout.hf_decode,
-                              cfg.rollout.cuda_graphs)
-        servicer.attach(engine)
+        servicer.attach(ENGINES.get(cfg.rollout.backend)(path, device, dtype, cfg.rollout, cfg.run.seed))
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
-                servicer, load, name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
@@ -38,9 +37,14 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
     from services.reward.build import build_scorer
     from services.reward.servicer import SERVICE_NAME, RewardServicer
 
-    servicer = RewardServicer()
+    security = Security.from_config(cfg.security, cfg.limits)  # also that of its channels to reward sources
+    servicer = RewardServicer(limits=cfg.limits)
+
+    def load() -> None:
+        servicer.attach(build_scorer(cfg.reward, cfg.controller.connect_timeout_s, security))
+
     run_service("reward", cfg, cfg.reward, [SERVICE_NAME], reward_pb2_grpc.add_RewardServicer_to_server,
-                servicer, lambda: servicer.attach(build_scorer(cfg.reward)), name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
@@ -52,26 +56,29 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from services.learner.learner import Learner
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
-    servicer = LearnerServicer(host=cfg.learner.host)
+    security = Security.from_config(cfg.security, cfg.limits)
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
+        # First, so a damaged or missing checkpoint is reported before a model load of minutes.
+        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
-        if shares_gpu_with_rollout(cfg, device):
-            # NCCL cannot put two ranks of one group on one GPU: go through host memory instead.
-            cfg.learner.weight_backend = "gloo"
-        learner = Learner(cfg.learner, resolve_model_path(cfg.model.path), device,
+        import torch
+
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        learner = Learner(learner_runtime_config(cfg, device, gpus),
+                          resolve_model_path(cfg.model.path), device,
                           resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens,
                           total_steps=cfg.controller.max_steps)
-        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
-            restore_learner(learner, checkpoint)
-        servicer.attach(learner)
+            restore_learner(learner, checkpoint, verified=True)
+        servicer.attach(learner, restored_from=checkpoint)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                servicer, load, name=name)
+                servicer, load, name=name, security=security)
 
 
 def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
@@ -97,20 +104,24 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
                           cfg.run.dir / "logs" / f"{name}-rank{world.rank}.log", run=cfg.run.name)
             if cfg.run.threads_per_service:
                 torch.set_num_threads(cfg.run.threads_per_service)
-            learner = build_sharded_learner(cfg, world)
-            structlog.get_logger(__name__).info("following rank 0", rank=world.rank, world_size=world.world_size)
+            learner, _ = build_sharded_learner(cfg, world)
+            structlog.get_logger(__name__).info("following rank 0", rank=world.rank,
+                                                world_size=world.world_size)
             follow(learner, world)
         else:
-            servicer = LearnerServicer(host=cfg.learner.host)
+            security = Security.from_config(cfg.security, cfg.limits)
+            servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
             front: list[LearnerFront] = []
 
             def load() -> None:
-                front.append(LearnerFront(build_sharded_learner(cfg, world), world))
-                servicer.attach(front[0])
+                learner, restored_from = build_sharded_learner(cfg, world)
+                front.append(LearnerFront(learner, world))
+                servicer.attach(front[0], restored_from=restored_from)
 
             try:
                 run_service("learner", cfg, cfg.learner, [SERVICE_NAME],
-                            learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name)
+                            learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name,
+                            security=security)
             finally:
                 if front:
                     front[0].stop()
@@ -120,14 +131,21 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
     exit_learner_world(0)  # a clean stop must not end in an abort at interpreter exit
 
 
-def shares_gpu_with_rollout(cfg: JobConfig, device) -> bool:
-    """Under device=auto the learner takes GPU `replicas` mod the GPU count, so with no more GPUs
-    than local rollout replicas it lands on one of theirs."""
-    import torch
-
+def shares_gpu_with_rollout(cfg: JobConfig, device, gpus: int) -> bool:
+    """Under device=auto the learner takes GPU `replicas` mod the GPU count (`gpus`), so with no
+    more GPUs than local rollout replicas it lands on one of theirs."""
     local_rollouts = not (cfg.rollout.address or cfg.rollout.addresses)
     return (cfg.learner.weight_backend == "auto" and device.type == "cuda" and local_rollouts
-            and cfg.learner.device == "auto" and torch.cuda.device_count() <= cfg.rollout.replicas)
+            and cfg.learner.device == "auto" and gpus <= cfg.rollout.replicas)
+
+
+def learner_runtime_config(cfg: JobConfig, device, gpus: int) -> LearnerConfig:
+    """The learner settings this process runs with: the job's, with `weight_backend: auto` resolved to
+    gloo when the learner shares a GPU with a rollout (NCCL cannot put two ranks of one group on one
+    GPU). A copy: the job config, which config.yaml records, stays as validated."""
+    if shares_gpu_with_rollout(cfg, device, gpus):
+        return cfg.learner.model_copy(update={"weight_backend": "gloo"})
+    return cfg.learner
 
 
 SERVERS = {"rollout": serve_rollout, "reward": serve_reward, "learner": serve_learner}

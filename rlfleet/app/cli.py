@@ -7,11 +7,10 @@ import signal
 import sys
 import threading
 
-from rlfleet import health_cli, plot
+from rlfleet.app import config_show, eval_command, health_cli, plot
+from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
-from rlfleet.eval import command as eval_command
-from rlfleet.interrupt import Interrupted, StopOnSignal
 from rlfleet.models import command as model_command
 
 
@@ -22,7 +21,8 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlfleet", description="Asynchronous GRPO across independent services")
+    parser = argparse.ArgumentParser(prog="rlfleet", description="Asynchronous GRPO across independent "
+                                     "services")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_args(sub.add_parser("run", help="start every service and train"))
     serve = sub.add_parser("serve", help="run one service")
@@ -42,66 +42,68 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--prometheus-sd", metavar="FILE", help="also write the services' /metrics addresses "
                         "as a Prometheus file_sd targets file (see deploy/prometheus/)")
     sub.add_parser("build-model", help="build (or find cached) the embedded tiny model; prints its folder")
-    from rlfleet.reward_cli import add_reward_parser
+    from rlfleet.app.reward_cli import add_reward_parser
     add_reward_parser(sub)
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
     model_command.add_parser(sub)
     plot.add_parser(sub)
     health_cli.add_parser(sub)
+    config_show.add_parser(sub)
     return parser
 
 
 def _load(args: argparse.Namespace):
     from rlfleet.config import load_config
-    from rlfleet.rpc import security
-    cfg = load_config(args.config, args.overrides)
-    security.use(cfg.security, cfg.limits)  # TLS and token of every server and channel of this process
-    return cfg
+    return load_config(args.config, args.overrides)
 
 
-def _use_security_of(config: str | None, run_dir: str | None = None) -> None:
-    """`rlfleet status`/`health`: the `security` of --config, else of RUN_DIR/config.yaml when it exists."""
+def _security_of(config: str | None, run_dir: str | None = None):
+    """`rlfleet status`/`health`: the `security` of --config, else of RUN_DIR/config.yaml when it exists,
+    else plain gRPC."""
     from pathlib import Path
+
+    from rlfleet.rpc.security import Security
 
     if config is None and run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
         config = str(Path(run_dir) / "config.yaml")
-    if config is not None:
-        from rlfleet.config import load_config
-        from rlfleet.rpc import security
-        cfg = load_config(config)
-        security.use(cfg.security, cfg.limits)
+    if config is None:
+        return Security()
+    from rlfleet.config import load_config
+    cfg = load_config(config)
+    return Security.from_config(cfg.security, cfg.limits)
 
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from rlfleet.launch import run_job
+        from rlfleet.app.launch import run_job
         run_job(_load(args))
     elif args.command == "serve":
-        from rlfleet.serve import SERVERS
+        from rlfleet.app.serve import SERVERS
         SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
-        from rlfleet.reward_config import needs_reward_service
         missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
-                   and (r != "reward" or needs_reward_service(cfg.reward.sources))
                    and (r != "rollout" or not cfg.rollout.addresses)]
         if missing:
-            raise RlfleetError("rlfleet controller needs " + " ".join(f"{r}.address=HOST:PORT" for r in missing))
+            raise RlfleetError("rlfleet controller needs "
+                               + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
-        from rlfleet.launch import format_progress
+        from rlfleet.app.launch import format_progress
         from rlfleet.logging import setup_logging
-        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
-        addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner") if getattr(cfg, r).address}
-        from rlfleet.launch import replica_names
+        setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log",
+                      run=cfg.run.name)
+        addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner")
+                     if getattr(cfg, r).address}
+        from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
             run_controller(cfg, addresses, stop=signals.stop,
                            on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
     elif args.command == "status":
-        from rlfleet.status import print_status
-        _use_security_of(args.config, args.run_dir)
-        return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd)
+        from rlfleet.app.status import print_status
+        return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,
+                            security=_security_of(args.config, args.run_dir))
     elif args.command == "data":
         return data_command.run(args)
     elif args.command == "eval":
@@ -111,11 +113,12 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "plot":
         return plot.run(args)
     elif args.command == "reward":
-        from rlfleet.reward_cli import run_reward_command
+        from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)
     elif args.command == "health":
-        _use_security_of(getattr(args, "config", None))
-        return health_cli.run(args)
+        return health_cli.run(args, _security_of(getattr(args, "config", None)))
+    elif args.command == "config":
+        return config_show.run(args)
     elif args.command == "build-model":
         from rlfleet.models.tiny import ensure_tiny_model
         print(ensure_tiny_model())
@@ -127,8 +130,8 @@ def _stacks_on_sigusr1() -> None:
     the first thing to look at when a process seems stuck."""
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    except (AttributeError, ValueError, OSError):  # stderr is not a file (main() called in-process, e.g. tests)
-        pass
+    except (AttributeError, ValueError, OSError):
+        pass  # stderr is not a file (main() called in-process, e.g. tests)
 
 
 def main(argv: list[str] | None = None) -> int:

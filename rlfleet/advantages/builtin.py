@@ -1,0 +1,42 @@
+"""The built-in advantage estimators (rlfleet.advantages). Their math imports torch when first run,
+not here, so that reading the registry (config validation in every process) needs no torch."""
+from __future__ import annotations
+
+from rlfleet.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
+
+
+def grpo(rewards_G: list[float]) -> list[float]:
+    """(r - mean) / (std + eps) within the group (Shao et al. 2024)."""
+    from rlfleet.advantages.group import group_advantages
+    return group_advantages(rewards_G).tolist()
+
+
+def dr_grpo(rewards_G: list[float]) -> list[float]:
+    """r - mean, no std division (Liu et al. 2025, "Understanding R1-Zero-like training")."""
+    from rlfleet.advantages.group import group_advantages
+    return group_advantages(rewards_G, normalize_std=False).tolist()
+
+
+def rloo(rewards_G: list[float]) -> list[float]:
+    """Leave-one-out baseline (Ahmadian et al. 2024)."""
+    from rlfleet.advantages.group import rloo_advantages
+    return rloo_advantages(rewards_G).tolist()
+
+
+def reinforce_pp(batches, gamma: float, lam: float):
+    """Whitened, KL-shaped returns over the batch (Hu 2025)."""
+    from rlfleet.advantages.token import reinforce_pp_advantages
+    return reinforce_pp_advantages(batches, gamma, lam)
+
+
+def gae(batches, gamma: float, lam: float):
+    """GAE over a learned value baseline (Schulman et al. 2016)."""
+    from rlfleet.advantages.token import gae_advantages
+    return gae_advantages(batches, gamma, lam)
+
+
+ADVANTAGE_ESTIMATORS.register("grpo")(AdvantageEstimator(group=grpo))
+ADVANTAGE_ESTIMATORS.register("dr_grpo")(AdvantageEstimator(group=dr_grpo))
+ADVANTAGE_ESTIMATORS.register("rloo")(AdvantageEstimator(group=rloo))
+ADVANTAGE_ESTIMATORS.register("reinforce_pp")(AdvantageEstimator(token=reinforce_pp))
+ADVANTAGE_ESTIMATORS.register("gae")(AdvantageEstimator(token=gae, needs_values=True))

@@ -1,0 +1,33 @@
+"""One weight operation at a time per service, refused rather than queued.
+
+A weight-group join, pull or push can wait for its whole timeout (a store that does not
+answer, ranks that never connect). Queued behind a lock, every further call held a thread
+of the server's pool, and 20 of them starved health and Generate for over a minute
+(issue 15). A second call while one runs now gets RESOURCE_EXHAUSTED at once.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rlfleet.errors import Busy
+
+
+class Exclusive:
+    def __init__(self, what: str):
+        self.what = what
+        self._lock = threading.Lock()
+        self._running = ""
+
+    @contextmanager
+    def hold(self, call: str) -> Iterator[None]:
+        if not self._lock.acquire(blocking=False):
+            raise Busy(f"{call} refused: {self._running} is in progress on this {self.what}; retry "
+                       "after it ends")
+        self._running = call
+        try:
+            yield
+        finally:
+            self._running = ""
+            self._lock.release()

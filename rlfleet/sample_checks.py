@@ -1,0 +1,29 @@
+"""Shape checks of a train sample that both the learner (before batching) and every service's request
+validation (rlfleet.rpc.validate) apply. Torch-free, so the reward side can import the request checks
+without pulling in torch."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlfleet.errors import InvalidRequest
+
+__all__ = ["check_sample_shape"]
+
+
+class SampleTokens(Protocol):
+    """A TrainSample or its proto: what the shape check reads."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+
+
+def check_sample_shape(i: int, s: SampleTokens) -> None:
+    """Token lists present and one behaviour logprob per response token (a TrainSample or its proto)."""
+    if not s.prompt_ids:
+        raise InvalidRequest(f"sample {i}: prompt_ids is empty")
+    if not s.response_ids:
+        raise InvalidRequest(f"sample {i}: response_ids is empty")
+    if len(s.behaviour_logprobs) != len(s.response_ids):
+        raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
+                             f"{len(s.response_ids)} response tokens")

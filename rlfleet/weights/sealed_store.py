@@ -1,0 +1,124 @@
+"""The weight group's rendezvous, sealed with the token, and the check of every channel.
+
+Why: the learner's TCPStore has no authentication and anyone who reaches its port can
+list and read every key. Proving the token to the learner (group.py's admission) is not
+enough on its own: admission was per rank *slot*, so a process without the token could
+wait for the verdict on the real rank's proof and then build that rank's gloo group from
+the public rendezvous keys, receiving the weights (issue 15). Two things bind the group
+to the processes that hold the token:
+
+- `SealedStore`: the process group is built on a view of the store whose key names are
+  derived from a per-round secret (HMAC of the token and the learner's fresh nonce) and
+  whose values are encrypted and authenticated with it. A process without the token finds
+  neither the keys it would need nor readable addresses in them (gloo's listening
+  addresses, NCCL's unique id with its random magic); a value it forges is refused.
+- `check_channels` (gloo): once the group is built, every rank sends every other rank a
+  tag only a holder of the round's secret can compute, over the very connection the
+  weights will use, and checks the tag it receives. A process that got into a
+  connection in place of a rank (say by racing gloo's listener) is found before any
+  weight is sent, and the group is dropped.
+
+Cipher: HMAC-SHA256 as a PRF in counter mode (keystream) with a random 16-byte IV per
+value, encrypt-then-MAC under a separate key; the stdlib only, so no extra dependency.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from rlfleet.errors import WeightSyncError
+
+_IV, _TAG = 16, 32
+_CHANNEL_TAG = 0x52_4C  # p2p tag of the channel check, apart from anything else sent on the group
+
+
+def round_secret(token: str, nonce: str) -> bytes:
+    """The secret of one rendezvous round; the admission proofs (HMAC of `nonce:rank`) do not reveal it."""
+    return hmac.new(token.encode(), f"weight-group:{nonce}".encode(), hashlib.sha256).digest()
+
+
+def _derive(secret: bytes, label: str) -> bytes:
+    return hmac.new(secret, label.encode(), hashlib.sha256).digest()
+
+
+class SealedStore(dist.Store):
+    """A `dist.Store` over `inner` with secret key names and encrypted, authenticated values."""
+
+    def __init__(self, inner: dist.Store, secret: bytes) -> None:
+        super().__init__()
+        self._inner = inner
+        self._names, self._enc, self._mac = (_derive(secret, x) for x in ("names", "encrypt", "authenticate"))
+
+    def _name(self, key: str) -> str:
+        return "sealed/" + hmac.new(self._names, key.encode(), hashlib.sha256).hexdigest()[:40]
+
+    def _keystream(self, iv: bytes, size: int) -> bytes:
+        blocks = (hmac.new(self._enc, iv + i.to_bytes(8, "big"), hashlib.sha256).digest()
+                  for i in range((size + 31) // 32))
+        return b"".join(blocks)[:size]
+
+    def seal(self, key: str, value: bytes) -> bytes:
+        iv = secrets.token_bytes(_IV)
+        body = bytes(a ^ b for a, b in zip(value, self._keystream(iv, len(value))))
+        tag = hmac.new(self._mac, self._name(key).encode() + iv + body, hashlib.sha256).digest()
+        return iv + tag + body
+
+    def unseal(self, key: str, sealed: bytes) -> bytes:
+        iv, tag, body = sealed[:_IV], sealed[_IV:_IV + _TAG], sealed[_IV + _TAG:]
+        expected = hmac.new(self._mac, self._name(key).encode() + iv + body, hashlib.sha256).digest()
+        if len(sealed) < _IV + _TAG or not hmac.compare_digest(tag, expected):
+            raise WeightSyncError(f"weight group rendezvous entry {key!r} was not written by a holder of the "
+                                  "token (tampered store?)")
+        return bytes(a ^ b for a, b in zip(body, self._keystream(iv, len(body))))
+
+    # ---- dist.Store -------------------------------------------------------------------------------
+    def set(self, key: str, value: bytes | str) -> None:
+        self._inner.set(self._name(key), self.seal(key, value.encode()
+                                                   if isinstance(value, str) else bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        return self.unseal(key, self._inner.get(self._name(key)))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        names = [self._name(k) for k in keys]
+        self._inner.wait(names, timeout) if timeout is not None else self._inner.wait(names)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._inner.check([self._name(k) for k in keys])
+
+    def add(self, key: str, amount: int) -> int:  # a counter is not secret; its name still is
+        return self._inner.add(self._name(key), amount)
+
+    def delete_key(self, key: str) -> bool:
+        return self._inner.delete_key(self._name(key))
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._inner.set_timeout(timeout)
+
+
+def _channel_tag(secret: bytes, src: int, dst: int) -> torch.Tensor:
+    digest = hmac.new(secret, f"channel:{src}->{dst}".encode(), hashlib.sha256).digest()
+    return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
+
+
+def check_channels(pg: dist.ProcessGroup, rank: int, world_size: int, secret: bytes,
+                   timeout_s: float) -> None:
+    """Every rank proves the round's secret to every other over their gloo connection; raises
+    WeightSyncError naming the peers whose proof was wrong. gloo's send is buffered, so posting
+    every send before the receives cannot deadlock."""
+    peers = [r for r in range(world_size) if r != rank]
+    sends = [pg.send([_channel_tag(secret, rank, peer)], peer, _CHANNEL_TAG) for peer in peers]
+    received = {peer: torch.zeros(_TAG, dtype=torch.uint8) for peer in peers}
+    recvs = [pg.recv([received[peer]], peer, _CHANNEL_TAG) for peer in peers]
+    for work in [*sends, *recvs]:
+        work.wait(timedelta(seconds=timeout_s))
+    impostors = [peer for peer in peers if not hmac.compare_digest(
+        bytes(received[peer].tolist()), bytes(_channel_tag(secret, peer, rank).tolist()))]
+    if impostors:
+        raise WeightSyncError(f"weight group rank {rank}: the connection to rank(s) {impostors} is held by a "
+                              "process without the weight-group token; no weights were sent")

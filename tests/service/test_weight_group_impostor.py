@@ -1,0 +1,145 @@
+"""A process without the token cannot take a rank's place in the weight group (issue 15).
+
+The tester's attack, by a real second process: it connects to the learner's store, waits
+for the learner's admission verdict on the real rollout's proof, then builds rank 1's gloo
+group from the store itself and waits for the weights. Before the fix admission was per
+rank slot and the impostor received every tensor. Now the group is built on a rendezvous
+sealed with the token, so the impostor gets nothing, and the real rollout receives the
+weights. A process that slips into a connection anyway is caught by the channel check.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlfleet.errors import WeightSyncError
+from rlfleet.weights import WeightGroup
+from rlfleet.weights.sealed_store import SealedStore, check_channels, round_secret
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+TOKEN = "impostor-test-token-0123456789"
+SECRET_WEIGHTS = [3.25, -1.5, 7.0, 42.0]
+
+IMPOSTOR = r"""
+import sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+host, port = sys.argv[1].rsplit(":", 1)
+store = dist.TCPStore(host, int(port), None, False, timedelta(seconds=30))
+round_ = dist.PrefixStore("rlfleet/weights/g0/", store)
+print("WAITING", flush=True)
+round_.wait(["auth/verdict"], timedelta(seconds=30))
+print("VERDICT", round_.get("auth/verdict").decode(), flush=True)
+try:
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timedelta(seconds=8)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    pg = dist.ProcessGroupGloo(round_, 1, 2, opts)
+    for size in (3, 4):  # the group's hello, then the weights
+        t = torch.zeros(size)
+        pg.broadcast([t]).wait(timedelta(seconds=8))
+        print("RECEIVED", t.tolist(), flush=True)
+except Exception as e:
+    print("NOTHING", type(e).__name__, flush=True)
+"""
+
+
+def test_an_impostor_process_receives_nothing_and_the_rollout_its_weights(monkeypatch):
+    # The real rollout builds its group a moment after the verdict (a served rollout is busier than
+    # this thread), so the impostor acts first, as in the tester's run; without the delay who wins
+    # is a race.
+    make_pg = WeightGroup._make_pg
+
+    def slower_rollout(self, store):
+        if self.rank == 1:
+            time.sleep(1.0)
+        return make_pg(self, store)
+
+    monkeypatch.setattr(WeightGroup, "_make_pg", slower_rollout)
+    host = WeightGroup.host(world_size=2, backend="gloo", timeout_s=20, token=TOKEN)
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, host.address], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    received: dict[str, object] = {}
+
+    def rollout() -> None:
+        try:
+            with WeightGroup.join(host.address, rank=1, world_size=2, backend="gloo", timeout_s=20,
+                                  token=TOKEN) as group:
+                group.connect()
+                weights = torch.zeros(4)
+                group.broadcast(weights)
+                received["weights"] = weights.tolist()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            received["error"] = exc
+
+    try:
+        assert impostor.stdout.readline().strip() == "WAITING"  # in place before the round starts
+        member = threading.Thread(target=rollout)
+        member.start()
+        host_error = None
+        try:
+            host.connect()
+            host.broadcast(torch.tensor(SECRET_WEIGHTS))
+        except WeightSyncError as exc:
+            host_error = exc
+        member.join(60)
+        out, _ = impostor.communicate(timeout=60)
+    finally:
+        host.close()
+        if impostor.poll() is None:
+            impostor.kill()
+    assert "VERDICT ok" in out, out  # the impostor saw the real rollout admitted...
+    assert "RECEIVED" not in out and "NOTHING" in out, out  # ...and still got nothing
+    assert host_error is None, host_error
+    assert received == {"weights": SECRET_WEIGHTS}, received
+
+
+def test_the_sealed_store_names_and_hides_its_entries():
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    sealed = SealedStore(store, round_secret(TOKEN, "nonce"))
+    sealed.set("0/1", b"tcp://127.0.0.1:45678 seq 1")
+    assert sealed.get("0/1") == b"tcp://127.0.0.1:45678 seq 1"
+    [name] = store.list_keys()
+    assert "0/1" not in name and b"45678" not in store.get(name)  # neither the key nor the address shows
+    other = SealedStore(store, round_secret("another-token-0123456789", "nonce"))
+    assert not other.check(["0/1"])  # another secret finds another key
+    store.set(name, b"x" * 80)  # a value written without the token is refused, not used
+    with pytest.raises(WeightSyncError, match="not written by a holder of the token"):
+        sealed.get("0/1")
+
+
+def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any_weight():
+    """As if an impostor had won a race into gloo's listener: the group exists, but its proof fails."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=20), wait_for_workers=False)
+    errors: dict[int, BaseException] = {}
+    good = round_secret(TOKEN, "n")
+
+    def member(rank: int) -> None:
+        client = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, None, False,
+                                                       timedelta(seconds=20))
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timedelta(seconds=20)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(client, rank, 3, opts)
+        try:
+            secret = good if rank != 2 else round_secret("not-the-token-0123456789", "n")
+            check_channels(pg, rank, 3, secret, 20)
+        except WeightSyncError as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(errors) == {0, 1, 2}
+    assert "rank(s) [2]" in str(errors[0]) and "rank(s) [2]" in str(errors[1])
+    assert "rank(s) [0, 1]" in str(errors[2])
