@@ -26,7 +26,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="deploy/configs/gsm8k-smollm2-135m.yaml")
     p.add_argument("--max-steps", type=int, default=0, help="default: the config's controller.max_steps")
-    p.add_argument("--wall-s", type=float, default=0.0, help="stop after this many seconds of training (0: none)")
+    p.add_argument("--wall-s", type=float, default=0.0,
+                   help="stop after this many seconds of training (0: none)")
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
     args = p.parse_args()
 
@@ -74,15 +75,19 @@ def main() -> None:
     micro = min(args.micro_batch, group)
     lc, alg = cfg.learner, cfg.algorithm
     config = GRPOConfig(
-        output_dir=str(out / "trainer"), max_steps=args.max_steps or cfg.controller.max_steps, seed=cfg.run.seed,
+        output_dir=str(out / "trainer"), max_steps=args.max_steps or cfg.controller.max_steps,
+        seed=cfg.run.seed,
         per_device_train_batch_size=micro, gradient_accumulation_steps=group // micro,
         num_generations=cfg.rollout.n, max_completion_length=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, use_vllm=False,
         learning_rate=lc.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=lc.lr_warmup_steps,
-        adam_beta1=lc.betas[0], adam_beta2=lc.betas[1], weight_decay=lc.weight_decay, max_grad_norm=lc.grad_clip,
-        optim="adamw_torch_fused" if cuda else "adamw_torch", beta=alg.kl_coef, epsilon=alg.clip_low, epsilon_high=alg.clip_high,
+        adam_beta1=lc.betas[0], adam_beta2=lc.betas[1], weight_decay=lc.weight_decay,
+        max_grad_norm=lc.grad_clip,
+        optim="adamw_torch_fused" if cuda else "adamw_torch", beta=alg.kl_coef, epsilon=alg.clip_low,
+        epsilon_high=alg.clip_high,
         num_iterations=1, loss_type="dapo", scale_rewards="group", bf16=cuda, use_cpu=not cuda,
-        gradient_checkpointing=False, model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32}, logging_steps=1, save_strategy="no", report_to="none",
+        gradient_checkpointing=False, model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32},
+        logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -92,7 +97,8 @@ def main() -> None:
     trainer.model.to(torch.float32).save_pretrained(out / "model")
     tokenizer.save_pretrained(out / "model")
     print(json.dumps({"steps": trainer.state.global_step, "seconds": round(time.time() - start, 1),
-                      "samples": len(rewards), "reward_mean": sum(rewards) / max(1, len(rewards))}), flush=True)
+                      "samples": len(rewards), "reward_mean": sum(rewards) / max(1, len(rewards))}),
+                      flush=True)
 
 
 if __name__ == "__main__":

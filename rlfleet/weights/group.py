@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.errors import InvalidRequest, WeightSyncError  # InvalidRequest is a ValueError
-from rlfleet.weights.sealed_store import SealedStore, check_channels, round_secret
+from rlfleet.weights.sealed_store import SealedStore, check_channels, check_members, round_secret
 
 _PROTOCOL = 2  # bumped when the wire format (header/manifest/buckets) changes; 2: header + layout on change
 _KEY_ROOT = "rlfleet/weights"
@@ -163,9 +163,11 @@ class WeightGroup:
         # the token, can find and read its rendezvous (rlfleet.weights.sealed_store).
         secret = round_secret(self._token, store.get("auth/nonce").decode()) if self._token else None
         try:
-            self._pg = self._make_pg(SealedStore(store, secret) if secret else store)
+            self._pg = self._make_pg(self._rendezvous_store(store, secret))
             if secret and self.backend == "gloo":
                 check_channels(self._pg, self.rank, self.world_size, secret, self.timeout_s)
+            elif secret:
+                check_members(self._pg, self.rank, self.world_size, secret, self.device, self.timeout_s)
         except Exception as e:
             self._drop(abort=True)
             self._broken = f"building {self.backend} weight group failed: {e}"
@@ -177,6 +179,14 @@ class WeightGroup:
         if hello.tolist() != [_PROTOCOL, self.world_size, generation]:
             self._drop(abort=True)
             raise WeightSyncError(f"weight group handshake mismatch: learner sent {hello.tolist()}")
+
+    def _rendezvous_store(self, store: dist.Store, secret: bytes | None) -> dist.Store:
+        if secret is None:
+            return store
+        # NCCL reads its rendezvous from C++: on a Python store (SealedStore) the token-protected NCCL
+        # test hung on an H200 (tests/gpu/test_weight_sync_nccl.py). NCCL keeps the plain store, and
+        # check_members then proves every member's token over the group itself before any weight.
+        return SealedStore(store, secret) if self.backend == "gloo" else store
 
     def _prove(self, store: dist.Store) -> None:
         """A joining rank: HMAC(token, nonce:rank) under auth/<rank>, when the host asks for one."""

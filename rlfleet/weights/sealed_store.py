@@ -122,3 +122,17 @@ def check_channels(pg: dist.ProcessGroup, rank: int, world_size: int, secret: by
     if impostors:
         raise WeightSyncError(f"weight group rank {rank}: the connection to rank(s) {impostors} is held by a "
                               "process without the weight-group token; no weights were sent")
+
+
+def check_members(pg: dist.ProcessGroup, rank: int, world_size: int, secret: bytes, device: torch.device,
+                  timeout_s: float) -> None:
+    """Every rank proves the round's secret to all others with one all-gather of 32-byte tags, on the
+    group's own device (so NCCL too); raises WeightSyncError naming the ranks whose proof was wrong.
+    A process that took a rank's place in the group without the token is caught before any weight."""
+    gathered = [torch.zeros(_TAG, dtype=torch.uint8, device=device) for _ in range(world_size)]
+    pg.allgather([gathered], [_channel_tag(secret, rank, -1).to(device)]).wait(timedelta(seconds=timeout_s))
+    impostors = [r for r in range(world_size) if r != rank and not hmac.compare_digest(
+        bytes(gathered[r].cpu().tolist()), bytes(_channel_tag(secret, r, -1).tolist()))]
+    if impostors:
+        raise WeightSyncError(f"weight group rank {rank}: rank(s) {impostors} of the group are held by a "
+                              "process without the weight-group token; no weights were sent")

@@ -28,15 +28,15 @@ def _weights(version: int, layers: int, device: torch.device) -> list[tuple[str,
 PLAN = [(1, 30), (2, 30), (3, 30), (4, 31), (5, 31)]  # (version, layers): the layout changes at v4
 
 
-def _rank(rank: int, address_q, out_q) -> None:
+def _rank(rank: int, address_q, out_q, token) -> None:
     from rlfleet.weights import WeightGroup, WeightReceiver, WeightSender
     from rlfleet.weights.digest import weights_digest
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    group = (WeightGroup.host(2, backend="nccl", timeout_s=60, device=device) if rank == 0
+    group = (WeightGroup.host(2, backend="nccl", timeout_s=60, device=device, token=token) if rank == 0
              else WeightGroup.join(address_q.get(timeout=60), 1, 2, backend="nccl", timeout_s=60,
-                                   device=device))
+                                   device=device, token=token))
     if rank == 0:
         address_q.put(group.address)
     results = []
@@ -55,10 +55,11 @@ def _rank(rank: int, address_q, out_q) -> None:
     out_q.put((rank, results))
 
 
-def test_nccl_push_is_bit_exact_and_sends_the_layout_only_on_change() -> None:
+@pytest.mark.parametrize("token", [None, "s3cret"], ids=["open", "token"])  # token: the sealed rendezvous
+def test_nccl_push_is_bit_exact_and_sends_the_layout_only_on_change(token) -> None:
     ctx = mp.get_context("spawn")
     address_q, out_q = ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, address_q, out_q)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, address_q, out_q, token)) for r in (0, 1)]
     for p in procs:
         p.start()
     results = dict(out_q.get(timeout=240) for _ in procs)

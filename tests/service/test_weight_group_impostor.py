@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from rlfleet.errors import WeightSyncError
 from rlfleet.weights import WeightGroup
-from rlfleet.weights.sealed_store import SealedStore, check_channels, round_secret
+from rlfleet.weights.sealed_store import SealedStore, check_channels, check_members, round_secret
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -143,3 +143,33 @@ def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any
     assert set(errors) == {0, 1, 2}
     assert "rank(s) [2]" in str(errors[0]) and "rank(s) [2]" in str(errors[1])
     assert "rank(s) [0, 1]" in str(errors[2])
+
+
+def test_a_member_without_the_secret_is_named_by_the_all_gather_proof():
+    """check_members, which NCCL groups use (their rendezvous stays a C++ store): one all-gather of
+    tags, here on gloo and the CPU; the rank with another secret is named by every other rank."""
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=20), wait_for_workers=False)
+    errors: dict[int, BaseException] = {}
+    good = round_secret(TOKEN, "n")
+
+    def member(rank: int) -> None:
+        client = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, None, False,
+                                                       timedelta(seconds=20))
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timedelta(seconds=20)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(client, rank, 3, opts)
+        try:
+            secret = good if rank != 1 else round_secret("not-the-token-0123456789", "n")
+            check_members(pg, rank, 3, secret, torch.device("cpu"), 20)
+        except WeightSyncError as exc:
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(errors) == {0, 1, 2}
+    assert "rank(s) [1]" in str(errors[0]) and "rank(s) [1]" in str(errors[2])
+    assert "rank(s) [0, 2]" in str(errors[1])
