@@ -214,12 +214,31 @@ def local_learner_checkpoints(run_dir: Path, spec: str) -> dict[int, str]:
     return {step: str(path) for step, path in found.items()}
 
 
+def set_aside_earlier_run(run_dir: Path) -> Path | None:
+    """A fresh run in a folder that holds an earlier run's outputs would append to its metrics and mix
+    its checkpoints with them: the earlier folder is renamed `<name>.<time>` first, nothing deleted."""
+    if not any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", "samples", "journal")):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(run_dir.stat().st_mtime))
+    target = run_dir.with_name(f"{run_dir.name}.{stamp}")
+    suffix = 1
+    while target.exists():
+        target, suffix = run_dir.with_name(f"{run_dir.name}.{stamp}-{suffix}"), suffix + 1
+    run_dir.rename(target)
+    return target
+
+
 def run_job(cfg: JobConfig) -> dict[str, Any]:
     from controller.main import prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
     from rlfleet.models.resolve import resolve_model_path
 
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
+    if not cfg.controller.resume and cfg.learner.resume_from is None:
+        moved = set_aside_earlier_run(cfg.run.dir)
+        if moved is not None:
+            print(f"rlfleet: the earlier outputs of run {cfg.run.name} moved to {moved} (a fresh run; "
+                  "controller.resume=latest continues one instead)", flush=True)
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
     # Build the embedded model once, before the services race for it; lengths that cannot fit the
     # model's context fail here, before any service starts.

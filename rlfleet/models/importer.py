@@ -58,19 +58,29 @@ def is_gguf(path: Path) -> bool:
         return handle.read(4) == GGUF_MAGIC
 
 
-def gguf_architecture(path: Path) -> str:
-    """The `general.architecture` field of a GGUF file (read without loading any tensor)."""
+def _gguf_fields(path: Path) -> dict[str, Any]:
+    """The GGUF file's metadata fields (read without loading any tensor)."""
     try:
         from gguf import GGUFReader
     except ImportError:
         raise ConfigError("reading GGUF files needs the `gguf` package: pip install gguf") from None
     try:
-        field = GGUFReader(str(path)).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
-    except KeyError:
-        raise ConfigError(f"{path}: a GGUF file without general.architecture") from None
+        return GGUFReader(str(path)).fields
     except Exception as exc:  # noqa: BLE001 - the reader raises assorted types on a damaged file
         raise ConfigError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def gguf_architecture(path: Path) -> str:
+    field = _gguf_fields(path).get("general.architecture")
+    if field is None:
+        raise ConfigError(f"{path}: a GGUF file without general.architecture")
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def gguf_eos_token_id(path: Path) -> int | None:
+    """The end-of-sequence token the GGUF declares (a chat model's end of turn)."""
+    field = _gguf_fields(path).get("tokenizer.ggml.eos_token_id")
+    return int(field.parts[field.data[0]][0]) if field is not None else None
 
 
 def _supported_gguf_architectures() -> list[str]:
@@ -88,7 +98,7 @@ def _load_source(src: Path) -> tuple[str, Any, Any]:
         if not (src / "config.json").is_file():
             raise ConfigError(f"{src}: a folder without config.json (an HF model folder or a .gguf file "
                               "is needed)")
-        kind, kwargs = "hf", {}
+        kind, kwargs, eos_id = "hf", {}, None
     elif src.is_file():
         if not is_gguf(src):
             raise ConfigError(f"{src}: neither a GGUF file (no GGUF magic bytes) nor an HF model folder")
@@ -97,7 +107,7 @@ def _load_source(src: Path) -> tuple[str, Any, Any]:
         if arch not in supported:
             raise ConfigError(f"{src}: GGUF architecture {arch!r} cannot be read by this transformers "
                               f"(it reads {', '.join(supported)})")
-        kind, kwargs, src = "gguf", {"gguf_file": src.name}, src.parent
+        kind, kwargs, eos_id, src = "gguf", {"gguf_file": src.name}, gguf_eos_token_id(src), src.parent
     else:
         raise ConfigError(f"{src}: no such file or folder")
     try:
@@ -106,6 +116,10 @@ def _load_source(src: Path) -> tuple[str, Any, Any]:
     except (ValueError, OSError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{src}: transformers cannot load it as a causal language model: {first}") from None
+    if eos_id is not None and tokenizer.eos_token_id != eos_id:
+        # Some transformers versions take another special token for eos from a GGUF (5.17 took
+        # SmolLM2's <|im_start|>): the file's own eos is what the model ends its turns with.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     return kind, model, tokenizer
 
 

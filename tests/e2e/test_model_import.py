@@ -33,6 +33,7 @@ def test_import_writes_a_clean_hf_folder(smollm2: Path) -> None:
     assert "quantization_config" not in config and config["dtype"] == "bfloat16"
     assert json.loads((smollm2 / "generation_config.json").read_text())["eos_token_id"] == 2  # <|im_end|>
     tok = AutoTokenizer.from_pretrained(smollm2)
+    assert tok.eos_token == "<|im_end|>"  # the GGUF's own eos (transformers 5.17 had taken <|im_start|>)
     question = "What is the capital of France?"
     text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                    add_generation_prompt=True)
