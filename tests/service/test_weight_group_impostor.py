@@ -116,11 +116,10 @@ def test_the_sealed_store_names_and_hides_its_entries():
         sealed.get("0/1")
 
 
-def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any_weight():
-    """As if an impostor had won a race into gloo's listener: the group exists, but its proof fails."""
+def _three_gloo_members(prove) -> dict[int, BaseException]:
+    """Three ranks of one gloo group, each in a thread, each running `prove(pg, rank)`; their errors."""
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=20), wait_for_workers=False)
     errors: dict[int, BaseException] = {}
-    good = round_secret(TOKEN, "n")
 
     def member(rank: int) -> None:
         client = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, None, False,
@@ -128,10 +127,8 @@ def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timedelta(seconds=20)
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        pg = dist.ProcessGroupGloo(client, rank, 3, opts)
         try:
-            secret = good if rank != 2 else round_secret("not-the-token-0123456789", "n")
-            check_channels(pg, rank, 3, secret, 20)
+            prove(dist.ProcessGroupGloo(client, rank, 3, opts), rank)
         except WeightSyncError as exc:
             errors[rank] = exc
 
@@ -140,6 +137,13 @@ def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any
         t.start()
     for t in threads:
         t.join(60)
+    return errors
+
+
+def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any_weight():
+    """As if an impostor had won a race into gloo's listener: the group exists, but its proof fails."""
+    good, bad = round_secret(TOKEN, "n"), round_secret("not-the-token-0123456789", "n")
+    errors = _three_gloo_members(lambda pg, rank: check_channels(pg, rank, 3, bad if rank == 2 else good, 20))
     assert set(errors) == {0, 1, 2}
     assert "rank(s) [2]" in str(errors[0]) and "rank(s) [2]" in str(errors[1])
     assert "rank(s) [0, 1]" in str(errors[2])
@@ -148,28 +152,9 @@ def test_a_rank_that_got_into_the_group_without_the_secret_is_refused_before_any
 def test_a_member_without_the_secret_is_named_by_the_all_gather_proof():
     """check_members, which NCCL groups use (their rendezvous stays a C++ store): one all-gather of
     tags, here on gloo and the CPU; the rank with another secret is named by every other rank."""
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=20), wait_for_workers=False)
-    errors: dict[int, BaseException] = {}
-    good = round_secret(TOKEN, "n")
-
-    def member(rank: int) -> None:
-        client = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, None, False,
-                                                       timedelta(seconds=20))
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timedelta(seconds=20)
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        pg = dist.ProcessGroupGloo(client, rank, 3, opts)
-        try:
-            secret = good if rank != 1 else round_secret("not-the-token-0123456789", "n")
-            check_members(pg, rank, 3, secret, torch.device("cpu"), 20)
-        except WeightSyncError as exc:
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    good, bad = round_secret(TOKEN, "n"), round_secret("not-the-token-0123456789", "n")
+    errors = _three_gloo_members(
+        lambda pg, rank: check_members(pg, rank, 3, bad if rank == 1 else good, torch.device("cpu"), 20))
     assert set(errors) == {0, 1, 2}
     assert "rank(s) [1]" in str(errors[0]) and "rank(s) [1]" in str(errors[2])
     assert "rank(s) [0, 2]" in str(errors[1])
