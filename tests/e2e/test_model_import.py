@@ -108,3 +108,16 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     assert after.returncode == 0, after.stderr[-3000:]
     assert json.loads((tmp_path / "after.json").read_text())["model"].endswith("step_2")
     assert rlfleet("plot", str(run_dir)).returncode == 0
+
+
+def test_import_of_an_hf_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """An HF folder (here the tests' tiny Qwen2) is rewritten as a clean folder with the same weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "copy"
+    proc = rlfleet("model", "import", str(tiny_model_dir), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "imported hf" in proc.stdout and "largest logit difference 0.00e+00" in proc.stdout
+    before, after = load_file(next(tiny_model_dir.glob("*.safetensors"))), load_file(out / "model.safetensors")
+    assert set(after) <= set(before) and all(torch.equal(before[k], after[k]) for k in after)
