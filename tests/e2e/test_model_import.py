@@ -86,7 +86,8 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
               f"data.val_files=[{data / 'test.parquet'}]", f"run.output_dir={tmp_path / 'runs'}",
               "rollout.n=2", "rollout.max_new_tokens=12", "controller.prompts_per_step=2",
               "controller.max_steps=2",
-              "controller.eval_every=2", "learner.checkpoint_every=2", "learner.lr_warmup_steps=1",
+              "controller.eval_every=2", "learner.checkpoint_every=2", "learner.lr=2e-5",
+              "learner.lr_warmup_steps=1",
               "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
     config = str(REPO / "deploy" / "configs" / "gsm8k-smollm2-135m.yaml")
     base = rlfleet("eval", "--config", config, *shrink, "--output", str(tmp_path / "base.json"))
@@ -119,5 +120,6 @@ def test_import_of_an_hf_folder(tiny_model_dir: Path, tmp_path: Path) -> None:
     proc = rlfleet("model", "import", str(tiny_model_dir), "--output", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "imported hf" in proc.stdout and "largest logit difference 0.00e+00" in proc.stdout
-    before, after = load_file(next(tiny_model_dir.glob("*.safetensors"))), load_file(out / "model.safetensors")
+    before, after = load_file(next(tiny_model_dir.glob("*.safetensors"))), load_file(out /
+    "model.safetensors")
     assert set(after) <= set(before) and all(torch.equal(before[k], after[k]) for k in after)
