@@ -110,6 +110,10 @@ class RewardConfig(ServiceEndpointConfig):
                                               "empty: the reward service alone")
     max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many samples "
                                           "in a row got no reward from reward.sources; 0 never stops")
+    max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while no "
+                                "reward source can score (reward service or an external server "
+                                "unreachable, circuit open): admission pauses, generated groups wait; "
+                                "after this the run stops with the cause")
 
     @model_validator(mode="after")
     def _check_sources(self) -> "RewardConfig":
