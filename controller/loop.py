@@ -1,8 +1,10 @@
 """The asynchronous GRPO loop with bounded staleness.
 
-A generation thread keeps the rollout busy with new groups as long as the
-staleness gate admits them, scores each finished group and buffers it; the
-training loop takes `prompts_per_step` groups (oldest version first), trains,
+A generation thread per rollout replica keeps it busy with new groups as long as
+the staleness gate admits them (and no reward outage pauses admission) and hands
+each finished group to the scoring threads, which score it (off the generation
+thread, so a slow or unreachable reward never stalls a rollout stream) and buffer
+it; the training loop takes `prompts_per_step` groups (oldest version first), trains,
 and pushes the new weights. With `max_staleness=0` the gate admits a step's
 groups only after the weights they will be trained against are served, which
 is synchronous on-policy GRPO.
@@ -14,7 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -26,6 +28,8 @@ from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
 from controller.groups import ScoredGroup, score_items
+from rlfleet.data.prompts import Prompt
+from rlfleet.types import Completion
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
@@ -36,6 +40,18 @@ from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ScoredGroupInput:
+    """A generated group waiting for its rewards."""
+
+    seq: int
+    prompt: Prompt
+    request_id: str
+    completions: list[Completion]
+    gen_s: float
+    replica: str
 
 
 class GRPOLoop:
@@ -76,7 +92,11 @@ class GRPOLoop:
         self._live: dict[int, Dispatch] = {}  # admitted prompts not yet trained or dropped, by seq
         self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
-        self.recovery = Recovery(self, cfg.controller.service_wait_s)
+        self.recovery = Recovery(self, cfg.controller.service_wait_s, cfg.reward.max_outage_s)
+        # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
+        self._to_score: deque[ScoredGroupInput] = deque()
+        self._scoring = 0  # groups being scored now
+        self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._start_step, self._start_version = 0, 0
         # the newest step with a checkpoint: where controller.resume=latest goes back to
         self.checkpointed_step = 0
@@ -116,10 +136,11 @@ class GRPOLoop:
         """Blocks until the gate admits work (or a re-queued request waits); returns the request."""
         with self._cond:
             while not self.stop.is_set():
-                if self._requeue and not self.recovery.resync_pending():
+                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                if self._requeue and not paused:
                     return self._requeue.popleft()  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not self.recovery.resync_pending():
+                if self._admitted < limit and not paused:
                     count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
                     self._admitted += count
                     dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
@@ -146,29 +167,63 @@ class GRPOLoop:
                 pending = dict(prompts)
                 try:
                     for group in rollout.generate(requests, params):
-                        gen_s = time.perf_counter() - started
                         seq, prompt = pending.pop(group.request_id)
                         self._note("generated", seq=seq,
                                    version=min(c.policy_version for c in group.completions),
                                    replica=rollout.address)
-                        t0 = time.perf_counter()
-                        results = self.recovery.score(
-                            score_items(prompt, group.completions, group.request_id))
-                        scored = ScoredGroup(seq, prompt, group.completions, results, gen_s,
-                                             time.perf_counter() - t0, replica=rollout.address)
-                        self._note("scored", seq=seq, failed=scored.failed)
+                        waiting = ScoredGroupInput(seq, prompt, group.request_id, group.completions,
+                                                   time.perf_counter() - started, rollout.address)
                         with self._cond:
-                            heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                            self._to_score.append(waiting)
                             self._cond.notify_all()
                         started = time.perf_counter()
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
+                    if self.stop.is_set():  # the stream was cut by the loop's own exit
+                        return
                     self.recovery.rollout_failed(rollout, dispatch, pending, exc)
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            with self._cond:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
                 self._error = exc
-                self._cond.notify_all()
+            self._cond.notify_all()
+
+    def _score_forever(self) -> None:
+        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
+        stays counted as admitted, and is buffered once scored (or the run stops)."""
+        try:
+            while True:
+                with self._cond:
+                    while not self._to_score:
+                        if self.stop.is_set():
+                            return
+                        self._cond.wait(0.5)
+                    waiting = self._to_score.popleft()
+                    self._scoring += 1
+                try:
+                    t0 = time.perf_counter()
+                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
+                                                              waiting.request_id))
+                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
+                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
+                    self._note("scored", seq=scored.seq, failed=scored.failed)
+                    with self._cond:
+                        self._failed["items"] += scored.failed
+                        self._failed["groups"] += bool(results) and scored.failed == len(results)
+                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                finally:
+                    with self._cond:
+                        self._scoring -= 1
+                        self._cond.notify_all()
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
+            if not self.stop.is_set():
+                self._fail(exc)
 
     def buffered(self) -> int:
         """Scored groups waiting to be trained."""
@@ -266,6 +321,8 @@ class GRPOLoop:
         gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
                                         daemon=True)
                        for i, r in enumerate(self.rollouts)]
+        gen_threads += [threading.Thread(target=self._score_forever, name=f"scoring-{i}", daemon=True)
+                        for i in range(len(self.rollouts))]
         for thread in gen_threads:
             thread.start()
         version = self._start_version
@@ -296,6 +353,10 @@ class GRPOLoop:
                                        step_s=time.perf_counter() - step_start)
                 metrics.update(sample_metrics,
                                **{"dynamic_sampling/filtered_groups": float(dropped["filtered"])})
+                with self._cond:  # every group scored since the last step, trained or dropped
+                    metrics["reward/failed"] = float(self._failed["items"])
+                    metrics["reward/failed_groups"] = float(self._failed["groups"])
+                    self._failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,

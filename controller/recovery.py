@@ -4,7 +4,10 @@
   `requeued`, reason `rollout_failed`) and go to the next free replica; this replica's thread
   waits until it answers again, then asks for the weight group to be rebuilt (a restarted
   replica serves its initial weights) and for the current version to be pushed to it.
-* reward call fails: retried, with backoff, until it returns.
+* reward call fails (ServiceUnavailable: the reward service, or every way to a reward, is down):
+  a reward outage (controller/reward_outage.py): admission pauses, the group being scored waits
+  and is scored again, with backoff, until a call succeeds; after `reward.max_outage_s` the run
+  stops with the cause. Any other reward error stops the run at once.
 * learner call fails: waits until the learner is back (restarted from its newest checkpoint by
   `rlfleet run`); if that checkpoint is one step behind, the last batch is replayed; then the
   weight group is rebuilt and the call retried.
@@ -16,7 +19,7 @@
 * weight push fails (a receiver died or stalled; the group's timeout aborts it): the group is
   rebuilt and the version pushed again; rollouts serve the last complete version meanwhile.
 
-Every wait ends after `controller.service_wait_s` with an error naming the service.
+Every other wait ends after `controller.service_wait_s` with an error naming the service.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import structlog
 
 from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.types import ScoreItem, ScoreResult, TrainBatch, TrainResult
+from controller.reward_outage import RewardOutage
 
 if TYPE_CHECKING:
     from controller.clients import LearnerClient, RewardClient, RolloutClient
@@ -62,9 +66,11 @@ class RecoveringLoop(Protocol):
 
 
 class Recovery:
-    def __init__(self, loop: RecoveringLoop, wait_s: float):
+    def __init__(self, loop: RecoveringLoop, wait_s: float, max_outage_s: float = 300.0):
         self.loop = loop
         self.wait_s = wait_s
+        self.reward_outage = RewardOutage(max_outage_s, on_change=lambda state, fields: loop._note(
+            "reward_outage" if state == "outage" else "reward_back", **fields))
         self._resync = threading.Event()  # a replica came back and needs the group and the weights
         self.generation = 0  # weight-group rebuilds so far
         self.last_batch: TrainBatch | None = None
@@ -90,14 +96,20 @@ class Recovery:
 
     # ---- reward -------------------------------------------------------------------------------
     def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
-        deadline, delay = self._deadline(), 0.5
+        """The group's rewards; waits out a reward outage (RewardOutageExpired after
+        reward.max_outage_s), Stopped when the loop stops meanwhile."""
+        delay = 0.5
         while True:
             try:
-                return self.loop.reward.score(items)
+                results = self.loop.reward.score(items)
             except ServiceUnavailable as exc:
-                self._expired(deadline, "the reward service", exc)
-                self._event("reward_retry", error=str(exc)[:200])
+                if self.loop.stop.is_set():  # the channel closed under a clean exit: nothing failed
+                    raise Stopped("stopping") from None
+                self.reward_outage.failed(exc)
                 delay = self._sleep(delay)
+                continue
+            self.reward_outage.recovered()
+            return results
 
     # ---- rollout ------------------------------------------------------------------------------
     def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,

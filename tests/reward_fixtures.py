@@ -27,3 +27,15 @@ def sleepy(data_source: str, solution_str: str, ground_truth: str, extra_info: d
     """Takes `seconds` to score: a reward function slower than its deadline."""
     time.sleep(seconds)
     return 1.0
+
+
+def hang_or_crash(data_source: str, solution_str: str, ground_truth: str,
+                  extra_info: dict | None = None) -> float:
+    """Ground truth "hang" never returns; "crash" kills the process scoring it; else like `score`."""
+    if ground_truth == "hang":
+        while True:
+            time.sleep(3600)
+    if ground_truth == "crash":
+        import os
+        os._exit(3)
+    return score(data_source, solution_str, ground_truth, extra_info)

@@ -57,10 +57,10 @@ class RewardScorer:
         for item in items:
             if active is not None and not active():
                 raise ScoringCancelled(f"the caller left after {len(results)} of {len(items)} items")
-            results.append(self._score_one(item))
+            results.append(self.score_one(item))
         return results
 
-    def _score_one(self, item: ScoreItem) -> ScoreResult:
+    def score_one(self, item: ScoreItem) -> ScoreResult:
         fn = self.function_for(item.data_source)
         try:
             value = fn(item.data_source, item.response, item.ground_truth, item.extra_info)

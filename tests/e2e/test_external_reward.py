@@ -128,35 +128,73 @@ def test_short_run_rewarded_by_the_node_server(run_dir, node_example):
     assert all(0.0 < m["reward/node/mean"] == pytest.approx(m["reward/mean"]) for m in lines)
 
 
-@pytest.mark.slow
-def test_reward_server_dying_mid_run_stops_it_with_a_clear_error(run_dir):
-    server, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits",
-                                    "--port",
-                                    "0"], REPO, "serving on ")
-    metrics = run_dir / "dies" / "metrics.jsonl"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}", "run.name=dies",
-         "controller.max_steps=40", "reward.max_consecutive_failures=64",
-         (f"reward.sources=[{{name: ext, address: '{address}', max_retries: 1, backoff_s: 0.05, "
-         f"circuit_failures: 2, circuit_cooldown_s: 1.0}}]")],
+def serve_digits(port: int = 0) -> tuple[subprocess.Popen, str]:
+    return start_server([sys.executable, "-m", "rlfleet.app.cli", "reward", "serve", "digits", "--port",
+                         str(port)], REPO, "serving on ")
+
+
+def start_run(run_dir: Path, name: str, address: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}", f"run.name={name}",
+         f"reward.sources=[{{name: ext, address: '{address}'}}]", *overrides],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(run: subprocess.Popen, metrics: Path, steps: int, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and run.poll() is None:
+        if metrics.exists() and len(read_jsonl(metrics)) >= steps:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the run did not reach step {steps}")
+
+
+@pytest.mark.slow
+def test_reward_server_killed_and_back_10s_later_does_not_end_a_default_run(run_dir):
+    server, address = serve_digits()
+    metrics = run_dir / "back" / "metrics.jsonl"
+    run = start_run(run_dir, "back", address, "controller.max_steps=8")
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and run.poll() is None:
-            if metrics.exists() and len(read_jsonl(metrics)) >= 2:
-                break
-            time.sleep(0.2)
+        wait_for_steps(run, metrics, 2)
+        server.kill()  # kill -9: no goodbye
+        server.wait()
+        time.sleep(10)
+        server, _ = serve_digits(int(address.rsplit(":", 1)[1]))
+        _, stderr = run.communicate(timeout=300)
+    finally:
         stop_server(server)
+        stop_server(run)
+    assert run.returncode == 0, stderr[-3000:]
+    assert stderr.count("reward outage:") == 1 and stderr.count("reward outage over") == 1, stderr[-3000:]
+    assert "rollout_failed" not in stderr and "CANCELLED" not in stderr, stderr[-3000:]
+    lines = read_jsonl(metrics)
+    assert len(lines) == 8 and all(m["reward/excluded_total"] == 0 for m in lines)
+
+
+@pytest.mark.slow
+def test_reward_server_that_stays_down_ends_the_run_after_max_outage_naming_the_cause(run_dir):
+    server, address = serve_digits()
+    metrics = run_dir / "dies" / "metrics.jsonl"
+    run = start_run(run_dir, "dies", address, "controller.max_steps=40", "reward.max_outage_s=8")
+    try:
+        wait_for_steps(run, metrics, 2)
+        stop_server(server)
+        killed = time.monotonic()
         _, stderr = run.communicate(timeout=240)
+        waited = time.monotonic() - killed
     finally:
         stop_server(server)
         stop_server(run)
     assert run.returncode != 0
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert "samples in a row got no reward" in stderr and f"'ext' at {address}" in stderr, stderr[-3000:]
+    error = stderr.strip().splitlines()[-1]
+    assert "reward.max_outage_s=8" in error and f"'ext' at {address}" in error, stderr[-3000:]
+    assert "refused" in error.lower(), error  # the root cause, not only "circuit open"
+    assert "samples in a row got no reward" not in stderr
+    assert 8 <= waited < 60, waited
     lines = read_jsonl(metrics)
     assert 2 <= len(lines) < 40
-    assert lines[0]["reward/excluded_total"] == 0  # while the server lived, every sample got its reward
+    assert all(m["reward/excluded_total"] == 0 for m in lines)  # refused samples were never counted
 
 
 def test_check_command_fails_a_broken_server():

@@ -23,7 +23,7 @@ from rlfleet.types import ScoreItem
 from services.reward.build import build_scorer
 from services.reward.sources.combined import RewardSources
 from services.reward.sources.function import FunctionSource
-from services.reward.sources.remote import RemoteSource
+from services.reward.sources.remote import RemoteSource, SourceUnavailable
 from tests.reward_servers import Behaviour, RunningFaulty
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -82,34 +82,37 @@ def test_transient_failures_are_retried_with_backoff(faulty):
     assert client.breaker.state == "closed"
 
 
-def test_slow_server_hits_the_deadline_then_items_fail_with_the_reason(faulty):
+def test_slow_server_hits_the_deadline_then_the_source_is_unavailable_with_the_reason(faulty):
     server, client = faulty(Behaviour(delay_s=2.0), timeout_s=0.2, max_retries=1)
     started = time.monotonic()
-    results = client.score(items(3))
+    with pytest.raises(SourceUnavailable) as caught:
+        client.score(items(3))
     elapsed = time.monotonic() - started
     assert elapsed < 1.5, elapsed  # two attempts of 0.2 s and a short backoff, not the server's 2 s each
     assert server.servicer.calls == 2
-    for r in results:
-        assert not r.ok
-        assert "DEADLINE_EXCEEDED" in r.error and "0.2s" in r.error and "2 attempts" in r.error
-        assert "'ext'" in r.error and server.address in r.error
-    assert client.stats.errors == 3 and client.stats.retries == 1
+    message = str(caught.value)
+    assert "DEADLINE_EXCEEDED" in message and "0.2s" in message and "2 attempts" in message
+    assert "'ext'" in message and server.address in message
+    assert client.stats.retries == 1
 
 
-def test_down_server_retries_then_the_circuit_opens_and_recovers(faulty):
-    server, client = faulty(max_retries=2, circuit_failures=3, circuit_cooldown_s=0.5)
+def test_down_server_retries_count_once_then_the_circuit_opens_naming_the_root_cause(faulty):
+    server, client = faulty(max_retries=2, circuit_failures=2, circuit_cooldown_s=0.5)
     address = server.address
     server.stop()
-    first = client.score(items(2))
-    assert all(not r.ok and "UNAVAILABLE" in r.error and "3 attempts" in r.error for r in first)
-    assert client.stats.calls == 3 and client.stats.retries == 2
-    assert client.breaker.state == "open"
-    # While open, calls fail at once without reaching the server.
+    for call in range(2):  # three attempts each, but one breaker failure each
+        with pytest.raises(SourceUnavailable) as caught:
+            client.score(items(2))
+        assert "UNAVAILABLE" in str(caught.value) and "3 attempts" in str(caught.value)
+        assert client.breaker.state == ("closed" if call == 0 else "open")
+    assert client.stats.calls == 6 and client.stats.retries == 4
+    # While open, calls fail at once without reaching the server, naming what made it open.
     started = time.monotonic()
-    second = client.score(items(2))
+    with pytest.raises(SourceUnavailable) as caught:
+        client.score(items(2))
     assert time.monotonic() - started < 0.5
-    assert all(not r.ok and "circuit open" in r.error for r in second)
-    assert client.stats.calls == 3 and client.stats.rejected == 2
+    assert "circuit open" in str(caught.value) and "refused" in str(caught.value).lower()
+    assert client.stats.calls == 6 and client.stats.rejected == 2
     # The server comes back on the same port; after the cool-down one probe closes the circuit.
     back = RunningFaulty(port=int(address.rsplit(":", 1)[1]))
     try:
@@ -121,12 +124,28 @@ def test_down_server_retries_then_the_circuit_opens_and_recovers(faulty):
         back.stop()
 
 
-def test_nan_score_is_a_clear_per_item_error(faulty):
-    _, client = faulty(Behaviour(nan_for="1"))
+def test_probe_of_a_server_still_down_fails_within_seconds(faulty):
+    server, client = faulty(max_retries=0, circuit_failures=1, circuit_cooldown_s=0.2, timeout_s=30.0)
+    server.stop()
+    with pytest.raises(SourceUnavailable):
+        client.score(items(1))
+    time.sleep(0.3)
+    started = time.monotonic()
+    with pytest.raises(SourceUnavailable, match="probe"):
+        client.score(items(1))  # half-open: the probe may not wait out the 30 s call deadline
+    assert time.monotonic() - started < 6.0
+    assert client.breaker.state == "open"
+
+
+def test_nan_score_is_a_clear_per_item_error_and_a_breaker_failure(faulty):
+    _, client = faulty(Behaviour(nan_for="1"), circuit_failures=2)
     results = client.score(items(3))
     assert [r.ok for r in results] == [True, False, True]
     assert "broke the reward contract" in results[1].error and "nan" in results[1].error
     assert client.stats.errors == 1
+    assert client.breaker.state == "closed"
+    client.score(items(3))
+    assert client.breaker.state == "open"  # two replies in a row broke the contract
 
 
 @pytest.mark.parametrize("behaviour, needle", [(Behaviour(drop_last=True), "returned 2 results for 3 items"),

@@ -87,3 +87,26 @@ def test_reward_empty_request(reward_server):
 
 
 # ---- (c) rollout --------------------------------------------------------------------------------
+
+
+def test_a_hanging_and_a_crashing_item_fail_alone_and_the_service_keeps_serving():
+    from services.reward.isolation import IsolatedScorer
+    from tests.service.servicer_harness import attach, start, stop
+
+    running = start("reward")
+    scorer = IsolatedScorer("tests.reward_fixtures:hang_or_crash", workers=2, item_timeout_s=3.0)
+    attach("reward", running, scorer)
+    try:
+        stub = reward_pb2_grpc.RewardStub(running.channel)
+        request = reward_pb2.ScoreRequest(items=[item("a", "1", "1"), item("h", "x", "hang"),
+                                                 item("c", "x", "crash"), item("b", "2", "1")])
+        reply = stub.Score(request, timeout=60)
+        by_id = {r.id: r for r in reply.results}
+        assert by_id["a"].ok and by_id["a"].score == 1.0 and by_id["b"].ok and by_id["b"].score == 0.0
+        assert not by_id["h"].ok and "no reward within 3s" in by_id["h"].error
+        assert not by_id["c"].ok and "died" in by_id["c"].error
+        again = stub.Score(reward_pb2.ScoreRequest(items=[item("d", "7", "7")]), timeout=60)
+        assert again.results[0].ok and again.results[0].score == 1.0  # the service keeps serving
+    finally:
+        scorer.close()
+        stop(running)
