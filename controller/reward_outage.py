@@ -6,7 +6,7 @@
 
 ServiceUnavailable is what the reward client raises when the reward service cannot be reached,
 and what the service answers when one of its `reward.sources` cannot score (unreachable, circuit
-open; services/reward/sources/remote.py): no sample can get a reward then. During an outage the
+open; services/reward/sources/remote_client.py): no sample can get a reward then. During an outage the
 loop admits no new prompts, groups already generated wait (at most the admitted ones) and their
 scoring is retried; nothing is counted as a sample without a reward. One warning when an outage
 begins and one when it ends, however many groups wait.

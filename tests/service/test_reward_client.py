@@ -23,7 +23,7 @@ from rlfleet.types import ScoreItem
 from services.reward.build import build_scorer
 from services.reward.sources.combined import RewardSources
 from services.reward.sources.function import FunctionSource
-from services.reward.sources.remote import RemoteSource, SourceUnavailable
+from services.reward.sources.remote_client import RemoteSource, SourceUnavailable
 from tests.reward_servers import Behaviour, RunningFaulty
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]

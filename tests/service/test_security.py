@@ -192,7 +192,7 @@ def test_security_from_config_reaches_channels_and_health_cli(served, pki, tmp_p
 def test_reward_sources_use_the_fleet_security_unless_told_not_to(served, pki):
     """A reward source reaches the mTLS reward service with the fleet's security (given to it); a source
     with fleet_security=false talks plain gRPC (and sends no token) to a server outside the fleet."""
-    from services.reward.sources.remote import RemoteSource
+    from services.reward.sources.remote_client import RemoteSource
     from rlfleet.reward_config import RewardSourceConfig
     from rlfleet.types import ScoreItem
 

@@ -20,7 +20,7 @@ def build_sources(sources: list[RewardSourceConfig], own_scorer: Callable[[], An
     source uses it); `own` names it in errors. External servers must answer health within
     `connect_timeout_s`; `security` is the fleet's TLS and token, for sources with fleet_security."""
     from services.reward.sources.function import FunctionSource
-    from services.reward.sources.remote import RemoteSource
+    from services.reward.sources.remote_client import RemoteSource
 
     built: list = []
     shared: list = []

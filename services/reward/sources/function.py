@@ -20,7 +20,7 @@ from rlfleet.reward_config import RewardSourceConfig
 from rlfleet.reward_stats import SourceStats
 from rlfleet.types import ScoreItem, ScoreResult
 from services.reward.scorer import RewardScorer
-from services.reward.sources.remote import failed
+from services.reward.sources.remote_client import failed
 
 log = structlog.get_logger(__name__)
 
