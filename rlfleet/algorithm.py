@@ -2,7 +2,8 @@
 
 `algorithm.name` is a preset: it sets defaults for the individual knobs, and any knob
 given explicitly (in the YAML file or as `algorithm.KNOB=...`) wins over the preset.
-The knobs name registered units (`rlfleet/advantages/`, `services/learner/algorithms/*`);
+The knobs that name units are strings checked against a registry the core holds
+(rlfleet.advantages, rlfleet.extensions), after `algorithm.plugins` has registered more;
 docs/algorithms.md lists every knob, its default and the paper or framework it follows.
 """
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
+from rlfleet.extensions import KL_ESTIMATORS, LOSS_AGGREGATIONS, OFF_POLICY, POLICY_LOSSES
+from rlfleet.registry import Registry
 
 PresetName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "dapo", "gspo"]
-PolicyLossName = Literal["ppo_clip", "gspo"]
-LossAggName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLEstimatorName = Literal["k1", "k2", "k3"]
-OffPolicyName = Literal["none", "tis", "decoupled"]
 
 # What each preset changes relative to the field defaults (which are plain GRPO).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -41,6 +40,34 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The registry each unit-naming knob is checked against.
+UNIT_REGISTRIES: dict[str, Registry[Any]] = {
+    "advantage": ADVANTAGE_ESTIMATORS, "policy_loss": POLICY_LOSSES, "loss_agg": LOSS_AGGREGATIONS,
+    "kl_estimator": KL_ESTIMATORS, "off_policy": OFF_POLICY}
+
+
+def load_plugins(modules: object) -> None:
+    """Imports the modules of `algorithm.plugins`, which register more units (any extension point).
+    Anything but a list of strings is left to the field's own validation to report."""
+    if not isinstance(modules, list):
+        return
+    for module in modules:
+        if not isinstance(module, str):
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure of a user's module is a config error
+            raise ValueError(f"algorithm.plugins: cannot import {module!r}: {type(exc).__name__}: {exc}") \
+                from None
+
+
+def registered(registry: Registry[Any], name: str) -> str:
+    """`name` if the registry has it, else the one-line error pydantic prefixes with the key."""
+    if name not in registry:
+        raise ValueError(f"{registry.unknown(name)} (more with algorithm.plugins)")
+    return name
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -48,13 +75,16 @@ class _Section(BaseModel):
 class AlgorithmConfig(_Section):
     name: PresetName = Field("grpo", description="preset that sets the defaults of the knobs below")
     plugins: list[str] = Field(default_factory=list, description="modules imported (in every process) before "
-                               "the names below are checked: they register more units, e.g. an advantage "
-                               "estimator (docs/algorithms.md)")
+                               "any unit name of the config is checked: they register more advantage "
+                               "estimators, policy losses, KL estimators, loss aggregations, off-policy "
+                               "corrections or rollout engines (docs/algorithms.md)")
     advantage: str = Field("grpo", description="a registered advantage estimator "
                            "(rlfleet/advantages/): grpo, dr_grpo and rloo run in the controller (they need "
                            "groups), reinforce_pp and gae in the learner")
-    policy_loss: PolicyLossName = Field("ppo_clip", description="per-token policy loss")
-    loss_agg: LossAggName = Field("token-mean", description="how per-token losses become one number")
+    policy_loss: str = Field("ppo_clip", description="per-token policy loss, a name registered in "
+                             "rlfleet.extensions.POLICY_LOSSES (docs/algorithms.md lists them)")
+    loss_agg: str = Field("token-mean", description="how per-token losses become one number, a name "
+                          "registered in rlfleet.extensions.LOSS_AGGREGATIONS")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio clipped below at 1 - clip_low")
     clip_high: float = Field(0.2, ge=0.0, description="ratio clipped above at 1 + clip_high "
                              "(DAPO clip-higher: clip_high > clip_low)")
@@ -62,7 +92,8 @@ class AlgorithmConfig(_Section):
                                        "advantage tokens at -A * clip_ratio_c; null disables")
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL to the frozen reference; 0 loads no "
                            "reference model")
-    kl_estimator: KLEstimatorName = Field("k3", description="per-token KL estimator (Schulman's k1, k2, k3)")
+    kl_estimator: str = Field("k3", description="per-token KL estimator (Schulman's k1, k2, k3), a name "
+                              "registered in rlfleet.extensions.KL_ESTIMATORS")
     kl_in_reward: bool = Field(False, description="subtract kl_coef * KL from the reward of every token "
                                "instead of adding it to the loss")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: loss -= entropy_coef * entropy")
@@ -76,9 +107,10 @@ class AlgorithmConfig(_Section):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per train batch (PPO mini-batches); "
                               "one Train call still advances the policy version by one")
     ppo_epochs: int = Field(1, ge=1, description="passes over the train batch")
-    off_policy: OffPolicyName = Field("none", description="none: clip the ratio to the behaviour (rollout) "
-                                      "policy; tis: recompute old logprobs and truncate the rollout "
-                                      "importance weight; decoupled: AReaL's decoupled PPO")
+    off_policy: str = Field("none", description="none: clip the ratio to the behaviour (rollout) "
+                            "policy; tis: recompute old logprobs and truncate the rollout importance "
+                            "weight; decoupled: AReaL's decoupled PPO (names registered in "
+                            "rlfleet.extensions.OFF_POLICY)")
     is_cap: float = Field(2.0, gt=0.0, description="tis: importance weights are truncated at is_cap; "
                           "decoupled: tokens whose weight exceeds is_cap are dropped")
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal and keep "
@@ -97,25 +129,16 @@ class AlgorithmConfig(_Section):
     def _apply_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        for module in data.get("plugins") or []:
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # noqa: BLE001 - any failure of a user's module is a config error
-                raise ValueError(f"algorithm.plugins: cannot import {module!r}: "
-                                 f"{type(exc).__name__}: {exc}") \
-                    from None
+        load_plugins(data.get("plugins"))
         preset = PRESETS.get(data.get("name", "grpo"))
         if preset is None:
             return data  # the Literal check on `name` reports it
         return {**preset, **data}
 
-    @field_validator("advantage")
+    @field_validator("advantage", "policy_loss", "loss_agg", "kl_estimator", "off_policy")
     @classmethod
-    def _registered_advantage(cls, name: str) -> str:
-        if name not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown advantage estimator {name!r}; registered: "
-                             f"{', '.join(ADVANTAGE_ESTIMATORS.names())} (more with algorithm.plugins)")
-        return name
+    def _registered(cls, name: str, info: ValidationInfo) -> str:
+        return registered(UNIT_REGISTRIES[info.field_name], name)
 
     @model_validator(mode="after")
     def _check(self) -> AlgorithmConfig:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlfleet.algorithm import AlgorithmConfig, LoraConfig
+from rlfleet.algorithm import AlgorithmConfig, LoraConfig, load_plugins, registered
 from rlfleet.errors import ConfigError
+from rlfleet.extensions import ROLLOUT_ENGINES
 from rlfleet.reward_config import RewardModelConfig, RewardSourceConfig, check_sources
 from rlfleet.security_config import LimitsConfig, SecurityConfig
 from rlfleet.tracking_config import TrackingConfig
@@ -75,7 +76,8 @@ class DataConfig(Section):
 
 
 class RolloutConfig(ServiceEndpointConfig):
-    backend: Literal["hf", "vllm"] = Field("hf", description="generation engine: transformers or vLLM")
+    backend: str = Field("hf", description="generation engine, a name registered in "
+                         "rlfleet.extensions.ROLLOUT_ENGINES: hf (transformers) or vllm, or a plugin's")
     replicas: int = Field(1, ge=1, le=64, description="rollout services `rlfleet run` starts; the controller "
                           "spreads groups across them and pushes weights to all in one broadcast")
     addresses: list[str] = Field(default_factory=list, description="host:port of running rollout replicas "
@@ -98,6 +100,11 @@ class RolloutConfig(ServiceEndpointConfig):
         "(Llama/Qwen2/Qwen3/Mistral), `generate` transformers' generate(); auto: static where supported")
     cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static "
                               "loop's decode step as a CUDA graph")
+
+    @field_validator("backend")
+    @classmethod
+    def _registered_engine(cls, name: str) -> str:
+        return registered(ROLLOUT_ENGINES, name)
 
 
 class RewardConfig(ServiceEndpointConfig):
@@ -246,6 +253,15 @@ class JobConfig(Section):
     security: SecurityConfig = Field(default_factory=SecurityConfig, description="TLS, mutual TLS and a "
                                      "bearer token on every gRPC server and channel (docs/security.md)")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="largest requests services accept")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        """Before any section is checked: a plugin may register a rollout engine, and `rollout` is
+        validated before `algorithm` (whose own validator would import the plugins too late for it)."""
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), dict):
+            load_plugins(data["algorithm"].get("plugins"))
+        return data
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "JobConfig":

@@ -15,9 +15,9 @@ ROLES = ("rollout", "reward", "learner")
 
 
 def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None:
+    from rlfleet.extensions import ROLLOUT_ENGINES
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
-    from services.rollout.engines import ENGINES
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
@@ -26,7 +26,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
     def load() -> None:
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
-        servicer.attach(ENGINES.get(cfg.rollout.backend)(path, device, dtype, cfg.rollout, cfg.run.seed))
+        engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, cfg.rollout, cfg.run.seed)
+        servicer.attach(engine)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
                 servicer, load, name=name, security=security)

@@ -21,11 +21,10 @@ import torch
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 from rlfleet.advantages.token import AdvantageInputs, broadcast
 from rlfleet.algorithm import AlgorithmConfig
+from rlfleet.extensions import KL_ESTIMATORS, LOSS_AGGREGATIONS, OFF_POLICY
 from rlfleet.types import TrainBatch
-from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS, BatchCounts
-from services.learner.algorithms.kl import KL_ESTIMATORS
+from services.learner.algorithms.aggregation import BatchCounts
 from services.learner.algorithms.objective import ObjectiveSettings, micro_batch_objective
-from services.learner.algorithms.off_policy import OFF_POLICY
 from services.learner.algorithms.policy_losses import ClipSettings
 from services.learner.batching import MicroBatch, collate, split_by_token_budget, split_mini_batches
 from services.learner.critic import Critic

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS, BatchCounts, weighted_sum
+from rlfleet.extensions import LOSS_AGGREGATIONS
+from services.learner.algorithms.aggregation import BatchCounts, weighted_sum
 
 pytestmark = pytest.mark.unit
 

@@ -5,22 +5,12 @@ from typing import get_args
 
 import pytest
 
-from rlfleet.algorithm import (
-    PRESETS,
-    AlgorithmConfig,
-    KLEstimatorName,
-    LossAggName,
-    OffPolicyName,
-    PolicyLossName,
-    PresetName,
-)
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
+from rlfleet.algorithm import PRESETS, AlgorithmConfig, PresetName
 from rlfleet.config import load_config
 from rlfleet.errors import ConfigError
-from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS
-from services.learner.algorithms.kl import KL_ESTIMATORS
-from services.learner.algorithms.off_policy import OFF_POLICY
-from services.learner.algorithms.policy_losses import POLICY_LOSSES
+from rlfleet.extensions import KL_ESTIMATORS, LOSS_AGGREGATIONS, OFF_POLICY, POLICY_LOSSES, ROLLOUT_ENGINES
+from services.learner.algorithms.off_policy import OffPolicyCorrection
 
 pytestmark = pytest.mark.unit
 
@@ -65,12 +55,36 @@ def test_bad_values_name_the_key(override: str, match: str) -> None:
         load_config(overrides=[override])
 
 
-@pytest.mark.parametrize(("names", "registry"), [
-    (PolicyLossName, POLICY_LOSSES), (LossAggName, LOSS_AGGREGATIONS), (KLEstimatorName, KL_ESTIMATORS),
-    (OffPolicyName, OFF_POLICY),
+@pytest.mark.parametrize(("registry", "names"), [
+    (POLICY_LOSSES, ["gspo", "ppo_clip"]),
+    (LOSS_AGGREGATIONS,
+     ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"]),
+    (KL_ESTIMATORS, ["k1", "k2", "k3"]),
+    (OFF_POLICY, ["decoupled", "none", "tis"]),
+    (ROLLOUT_ENGINES, ["hf", "vllm"]),
 ])
-def test_every_config_name_is_a_registered_unit(names, registry) -> None:
-    assert sorted(get_args(names)) == registry.names()
+def test_every_built_in_name_loads_its_unit_from_its_role(registry, names) -> None:
+    """The core registers built-in units by import path; each path must name a real unit."""
+    assert registry.names() == names
+    for name in names:
+        unit = registry.get(name)
+        assert isinstance(unit, OffPolicyCorrection) if registry is OFF_POLICY else callable(unit), name
+
+
+@pytest.mark.parametrize(("key", "kind", "known"), [
+    ("algorithm.policy_loss", "policy loss", "gspo, ppo_clip"),
+    ("algorithm.loss_agg", "loss aggregation", "seq-mean-token-sum-norm, token-mean"),
+    ("algorithm.kl_estimator", "KL estimator", "k1, k2, k3"),
+    ("algorithm.off_policy", "off-policy correction", "decoupled, none, tis"),
+    ("rollout.backend", "rollout engine", "hf, vllm"),
+])
+def test_an_unknown_unit_name_is_a_one_line_error_naming_the_key_and_the_known_names(key, kind, known):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"{key}=nope"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"{key} = 'nope'" in message and f"unknown {kind} 'nope'; registered: " in message
+    assert known in message and "more with algorithm.plugins" in message
 
 
 def test_the_advantage_name_is_checked_against_the_one_registry() -> None:
@@ -86,9 +100,3 @@ def test_every_preset_is_a_valid_config() -> None:
     for name in PRESETS:
         AlgorithmConfig(name=name)
 
-
-def test_every_rollout_backend_is_a_registered_engine() -> None:
-    from rlfleet.config import RolloutConfig
-    from services.rollout.engines import ENGINES
-
-    assert sorted(get_args(RolloutConfig.model_fields["backend"].annotation)) == ENGINES.names()

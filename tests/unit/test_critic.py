@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS, BatchCounts
+from rlfleet.extensions import LOSS_AGGREGATIONS
+from services.learner.algorithms.aggregation import BatchCounts
 from services.learner.critic import clipped_value_loss
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.learner.algorithms.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from rlfleet.extensions import KL_ESTIMATORS
+from services.learner.algorithms.kl import kl_k1, kl_k2, kl_k3
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from services.learner.algorithms.aggregation import LOSS_AGGREGATIONS, BatchCounts
+from rlfleet.extensions import LOSS_AGGREGATIONS, OFF_POLICY
+from services.learner.algorithms.aggregation import BatchCounts
 from services.learner.algorithms.objective import ObjectiveSettings, micro_batch_objective
-from services.learner.algorithms.off_policy import OFF_POLICY
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlfleet.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -44,31 +43,26 @@ class BatchCounts:
 
 
 LossWeights = Callable[[torch.Tensor, BatchCounts], torch.Tensor]
-LOSS_AGGREGATIONS: Registry[LossWeights] = Registry("loss aggregation")
 
 
 def _keep(mask_B_T: torch.Tensor) -> torch.Tensor:
     return mask_B_T.bool().to(torch.float32)
 
 
-@LOSS_AGGREGATIONS.register("token-mean")
 def token_mean_weights(mask_B_T: torch.Tensor, counts: BatchCounts) -> torch.Tensor:
     return _keep(mask_B_T) / max(counts.num_tokens, 1)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
 def seq_mean_token_sum_weights(mask_B_T: torch.Tensor, counts: BatchCounts) -> torch.Tensor:
     return _keep(mask_B_T) / max(counts.num_sequences, 1)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean_weights(mask_B_T: torch.Tensor, counts: BatchCounts) -> torch.Tensor:
     keep_B_T = _keep(mask_B_T)
     tokens_B_1 = keep_B_T.sum(dim=-1, keepdim=True).clamp(min=1.0)
     return keep_B_T / tokens_B_1 / max(counts.num_sequences, 1)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm_weights(mask_B_T: torch.Tensor, counts: BatchCounts) -> torch.Tensor:
     return _keep(mask_B_T) / (max(counts.num_sequences, 1) * counts.loss_scale_tokens)
 

@@ -17,11 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from rlfleet.registry import Registry
 from services.learner.loss import KL_CLAMP, LOG_RATIO_CLAMP, at_least_fp32, check_same_shape
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
 
 
 def _log_ratio(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
@@ -30,17 +28,14 @@ def _log_ratio(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> to
                                                                                     LOG_RATIO_CLAMP)
 
 
-@KL_ESTIMATORS.register("k1")
 def kl_k1(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
     return _log_ratio(logprobs_B_T, ref_logprobs_B_T)
 
 
-@KL_ESTIMATORS.register("k2")
 def kl_k2(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
     return 0.5 * _log_ratio(logprobs_B_T, ref_logprobs_B_T).square()
 
 
-@KL_ESTIMATORS.register("k3")
 def kl_k3(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
     ref_minus_logp_B_T = -_log_ratio(logprobs_B_T, ref_logprobs_B_T)
     k3_B_T = torch.exp(ref_minus_logp_B_T) - ref_minus_logp_B_T - 1.0

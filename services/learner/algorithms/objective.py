@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlfleet.extensions import KL_ESTIMATORS, POLICY_LOSSES
 from services.learner.algorithms.aggregation import weighted_sum
-from services.learner.algorithms.kl import KL_ESTIMATORS
 from services.learner.algorithms.off_policy import Correction
-from services.learner.algorithms.policy_losses import POLICY_LOSSES, ClipSettings
+from services.learner.algorithms.policy_losses import ClipSettings
 from services.learner.loss import masked_token_mean
 
 

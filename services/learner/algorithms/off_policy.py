@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlfleet.registry import Registry
 from services.learner.loss import LOG_RATIO_CLAMP, at_least_fp32
 
 
@@ -37,9 +36,6 @@ class Correction:
 class OffPolicyCorrection:
     recomputes_old: bool  # needs the learner's own log-probs from before the update
     apply: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float], Correction]
-
-
-OFF_POLICY: Registry[OffPolicyCorrection] = Registry("off-policy correction")
 
 
 def _behaviour_ratio(old_B_T: torch.Tensor, behaviour_B_T: torch.Tensor,
@@ -70,6 +66,7 @@ def _decoupled(behaviour_B_T: torch.Tensor, old_B_T: torch.Tensor | None, mask_B
                       mask_B_T.bool() & dropped_B_T)
 
 
-OFF_POLICY.register("none")(OffPolicyCorrection(recomputes_old=False, apply=_none))
-OFF_POLICY.register("tis")(OffPolicyCorrection(recomputes_old=True, apply=_truncated))
-OFF_POLICY.register("decoupled")(OffPolicyCorrection(recomputes_old=True, apply=_decoupled))
+# Registered in rlfleet.extensions.OFF_POLICY as none, tis and decoupled.
+NO_CORRECTION = OffPolicyCorrection(recomputes_old=False, apply=_none)
+TRUNCATED_IS = OffPolicyCorrection(recomputes_old=True, apply=_truncated)
+DECOUPLED_PPO = OffPolicyCorrection(recomputes_old=True, apply=_decoupled)

@@ -1,4 +1,4 @@
-"""Per-token policy losses, chosen by ``algorithm.policy_loss``.
+"""Per-token policy losses, chosen by ``algorithm.policy_loss`` (registered in rlfleet.extensions).
 
 Each returns per-token losses (to be weighted by an aggregation mode and by the
 off-policy importance weight) plus per-token flags for metrics. ``old_logprobs`` is
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rlfleet.registry import Registry
 from services.learner.loss import LOG_RATIO_CLAMP, at_least_fp32, check_same_shape
 
 # GSPO's sequence log-ratio is clamped at 10 before exp (as verl does): a whole sequence's
@@ -45,7 +44,6 @@ class PolicyTerms:
 
 
 PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, ClipSettings], PolicyTerms]
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
 def clipped_surrogate(ratio_B_T: torch.Tensor, advantages_B_T: torch.Tensor,
@@ -78,7 +76,6 @@ def _checked(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advanta
             at_least_fp32(advantages_B_T.detach()), mask_B_T.bool())
 
 
-@POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advantages_B_T: torch.Tensor,
              mask_B_T: torch.Tensor, clip: ClipSettings) -> PolicyTerms:
     """PPO's clipped surrogate on the per-token ratio ``r_t = exp(logp_t - old_t)``."""
@@ -87,7 +84,6 @@ def ppo_clip(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advanta
     return clipped_surrogate(torch.exp(log_ratio_B_T), adv, clip)
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advantages_B_T: torch.Tensor,
          mask_B_T: torch.Tensor, clip: ClipSettings) -> PolicyTerms:
     """GSPO (Zheng et al. 2025): one ratio per sequence, the geometric mean of its token ratios.

@@ -15,6 +15,7 @@ import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlfleet.config import RolloutConfig
 from rlfleet.errors import ConfigError
 from rlfleet.ops.logprobs import token_logprobs
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
@@ -153,3 +154,9 @@ class HFEngine(RolloutEngine):
         with self._lock:
             apply_to_module(self.model, tensors, strict=True)
             self.policy_version = version
+
+
+def create_engine(model_path: Path, device: torch.device, dtype: torch.dtype, cfg: RolloutConfig,
+                  seed: int) -> HFEngine:
+    """`rollout.backend=hf` (registered in rlfleet.extensions.ROLLOUT_ENGINES)."""
+    return HFEngine(model_path, device, dtype, cfg.max_batch_sequences, cfg.hf_decode, cfg.cuda_graphs)

@@ -140,3 +140,10 @@ class VLLMEngine(RolloutEngine):
     def close(self) -> None:
         self.engine.shutdown()
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def create_engine(model_path: Path, device: torch.device, dtype: torch.dtype, cfg: RolloutConfig,
+                  seed: int) -> VLLMEngine:
+    """`rollout.backend=vllm` (registered in rlfleet.extensions.ROLLOUT_ENGINES); vllm itself is
+    imported by the engine, so only when this backend is chosen."""
+    return VLLMEngine(model_path, device, dtype, cfg, seed=seed)
