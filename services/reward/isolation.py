@@ -12,6 +12,8 @@ pool, so only the item that kills its worker fails ("the worker scoring it died"
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +28,17 @@ from services.reward.scorer import RewardScorer, ScoringCancelled, check_items
 log = structlog.get_logger(__name__)
 
 _worker_scorers: dict[tuple[str, str], RewardScorer] = {}  # per worker process: loaded once
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Worker initializer: a worker outlives a reward service that was killed (or exited without
+    closing its pool) and sits orphaned; it ends itself within a second of its parent."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _score_in_worker(fn: str, params: dict[str, Any], item: ScoreItem) -> ScoreResult:
@@ -47,7 +60,8 @@ class IsolatedScorer:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
 
     def _replace_pool(self) -> None:
         old, self._pool = self._pool, self._new_pool()
