@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.errors import ConfigError
+from rlfleet.models.context import model_context
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -180,14 +181,6 @@ def _max_logit_diff(a: Any, b: Any, tokenizer: Any) -> float:
         return float((a(ids).logits.float() - b(ids).logits.float()).abs().max())
 
 
-def context_length(config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 def import_model(src: str | Path, output: str | Path, dtype: str = "auto",
                  force: bool = False) -> ImportReport:
     """Writes the clean HF folder `output` from `src` (a .gguf file or an HF folder)."""
@@ -224,11 +217,12 @@ def import_model(src: str | Path, output: str | Path, dtype: str = "auto",
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    config = reloaded.config
+    config, context = reloaded.config, model_context(output)  # the context rlfleet's length checks will use
     return ImportReport(output=output, source_kind=kind, architecture=type(reloaded).__name__,
                         parameters=sum(p.numel() for p in reloaded.parameters()),
                         layers=getattr(config, "num_hidden_layers", 0), vocab_size=config.vocab_size,
-                        context_length=context_length(config), dtype=str(model.dtype).removeprefix("torch."),
+                        context_length=context[0] if context else None,
+                        dtype=str(model.dtype).removeprefix("torch."),
                         eos_token=tokenizer.eos_token,
                         chat_template=bool(getattr(tokenizer, "chat_template", None)),
                         max_logit_diff=diff)
