@@ -7,6 +7,12 @@ bf16 weights), rank 1 the rollout (the same architecture). For each shape it tim
            does), from push start until the receiver has applied the new version;
 and prints the ratio. Usage: python bench/weight_sync.py [--shapes 0.5b,1.5b,7b] [--out FILE]
 
+`--device onegpu` puts both ranks on GPU 0, as `rlfleet run` does on a one-GPU host, and times the
+CUDA IPC handoff (rlfleet.weights.ipc, push -> applied) against the host round trip over gloo
+that one GPU had before (pack to host memory, broadcast, copy back), with one device-to-device
+copy of all the bytes as the floor, e.g.
+  python bench/weight_sync.py --device onegpu --shapes 135m,0.5b
+
 `--device cpu` runs both ranks on the CPU over gloo, and `--scale N` divides every width
 (hidden, intermediate, vocab) by N while keeping the tensor count: the fixed per-push cost
 (manifest, one copy per tensor, syncs) shows without a GPU, e.g.
@@ -28,6 +34,7 @@ SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vo
     "0.5b": (896, 4864, 24, 14, 2, 151936, True),
     "1.5b": (1536, 8960, 28, 12, 2, 151936, True),
     "7b": (3584, 18944, 28, 28, 4, 152064, False),
+    "135m": (576, 1536, 30, 9, 3, 49152, True),  # SmolLM2-135M's shape (Llama; a Qwen2 body here)
 }
 
 
@@ -95,14 +102,84 @@ def worker(rank: int, shape: str, address_q, result_q, reps: int, on_cpu: bool, 
     group.close()
 
 
+def one_gpu_worker(rank: int, shape: str, address_q, result_q, reps: int) -> None:
+    """Both ranks on GPU 0: CUDA IPC against gloo through host memory, push -> applied."""
+    from rlfleet.weights import WeightGroup, WeightReceiver, WeightSender, apply_to_module
+    from rlfleet.weights.ipc import IpcWeightReceiver, IpcWeightSender
+    from rlfleet.weights.naming import model_weights
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    model = build(shape, device)
+    weights = model_weights(model)
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    group = (WeightGroup.host(2, backend="gloo", timeout_s=120, device="cpu") if rank == 0
+             else WeightGroup.join(address_q.get(), 1, 2, backend="gloo", timeout_s=120, device="cpu"))
+    if rank == 0:
+        address_q.put(group.address)
+    group.connect()
+    times: dict[str, list[float]] = {"ipc": [], "gloo": [], "d2d": []}
+    ends = {"ipc": (IpcWeightSender(group, device), IpcWeightReceiver(group, device)),
+            "gloo": (WeightSender(group, checksums=True), WeightReceiver(group, reuse_buffers=True))}
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    copy = torch.empty_like(flat)
+    for i in range(reps + 1):  # the first round maps buffers, warms up, and is not counted
+        for name, (sender, receiver) in ends.items():
+            torch.cuda.synchronize()
+            group.broadcast(torch.zeros(1))  # line both ranks up
+            t0 = time.perf_counter()
+            if rank == 0:
+                sender.push(weights, version=i)
+            else:
+                apply_to_module(model, receiver.receive(expected_version=i).tensors)
+            torch.cuda.synchronize()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        copy.copy_(flat)
+        torch.cuda.synchronize()
+        if i:
+            times["d2d"].append(time.perf_counter() - t0)
+    if rank == 1:
+        result_q.put({"shape": shape, "tensors": len(weights), "bytes": nbytes,
+                      **{f"{k}_s": statistics.median(v) for k, v in times.items()}})
+    group.close()
+
+
+def one_gpu(shapes: list[str], reps: int, out: str | None) -> None:
+    ctx = mp.get_context("spawn")
+    rows = []
+    for shape in shapes:
+        address_q, result_q = ctx.Queue(), ctx.Queue()
+        procs = [ctx.Process(target=one_gpu_worker, args=(r, shape, address_q, result_q, reps))
+                 for r in (0, 1)]
+        for p in procs:
+            p.start()
+        row = result_q.get(timeout=900)
+        for p in procs:
+            p.join()
+        row["gloo_over_ipc"] = row["gloo_s"] / row["ipc_s"]
+        rows.append(row)
+        print(f"weight sync {shape} on one GPU ({row['tensors']} tensors, {row['bytes'] / 1e9:.3f} GB): "
+              f"CUDA IPC push->applied {row['ipc_s'] * 1e3:.1f} ms | gloo via host "
+              f"{row['gloo_s'] * 1e3:.1f} ms | one D2D copy {row['d2d_s'] * 1e3:.2f} ms | "
+              f"gloo/IPC {row['gloo_over_ipc']:.1f}x", flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "mode": "onegpu",
+                       "rows": rows}, f, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="0.5b,1.5b,7b")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--device", choices=("cuda", "cpu", "onegpu"), default="cuda")
     parser.add_argument("--scale", type=int, default=1, help="divide hidden/intermediate/vocab by this")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.device == "onegpu":
+        return one_gpu(args.shapes.split(","), args.reps, args.out)
     ctx = mp.get_context("spawn")
     rows = []
     for shape in args.shapes.split(","):

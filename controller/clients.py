@@ -134,9 +134,11 @@ class LearnerClient(_Client):
         return t.TrainResult(policy_version=reply.policy_version, metrics=dict(reply.metrics))
 
     @_rpc
-    def open_weight_group(self, world_size: int, timeout_s: float) -> tuple[str, str]:
+    def open_weight_group(self, world_size: int, timeout_s: float,
+                          placements: list[str] | None = None) -> tuple[str, str]:
         reply = self._stub.OpenWeightGroup(
-            learner_pb2.OpenWeightGroupRequest(world_size=world_size, timeout_s=timeout_s), timeout=30)
+            learner_pb2.OpenWeightGroupRequest(world_size=world_size, timeout_s=timeout_s,
+                                               member_placements=placements or []), timeout=30)
         return reply.address, reply.backend
 
     @_rpc

@@ -24,9 +24,14 @@ class WeightSync:
     def open(self) -> str:
         """Opens the learner's group and has every rollout join it; returns the rendezvous address."""
         # A replica takes one rank per tensor-parallel worker; the learner is rank 0.
-        ranks = [int(r.status().stats.get("weight_ranks", 1)) for r in self.rollouts]
+        statuses = [r.status() for r in self.rollouts]
+        ranks = [int(s.stats.get("weight_ranks", 1)) for s in statuses]
         world_size = 1 + sum(ranks)
-        address, backend = self.learner.open_weight_group(world_size, self.timeout_s)
+        # Each replica's placement lets the learner pick the transport (CUDA IPC on its own GPU);
+        # one unknown placement leaves the choice to the learner's host alone.
+        placements = [s.placement for s in statuses]
+        address, backend = self.learner.open_weight_group(
+            world_size, self.timeout_s, placements if all(placements) else None)
         base = 1
         for rollout, count in zip(self.rollouts, ranks):
             rollout.join_weight_group(address, base, world_size, backend, self.timeout_s)

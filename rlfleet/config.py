@@ -151,10 +151,12 @@ class LearnerConfig(ServiceEndpointConfig):
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
                                     "(padded length x sequences)")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
-    weight_backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="weight-sync transport; auto picks NCCL when the learner has a GPU of its own")
+    weight_backend: Literal["auto", "ipc", "nccl", "gloo"] = Field(
+        "auto", description="weight-sync transport; auto follows placement: CUDA IPC when the rollouts share "
+        "the learner's GPU, NCCL when each has a GPU of its own, else gloo (host memory)")
     weight_checksums: Literal["auto", "on", "off"] = Field(
-        "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL")
+        "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL "
+        "and IPC")
     weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
     weight_sync_timeout_s: float = Field(120.0, gt=0.0, description="a weight push or pull that takes longer "
                                          "is aborted on both sides")

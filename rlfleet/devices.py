@@ -29,23 +29,58 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return _DTYPES[spec]
 
 
-def weight_backend(spec: str, device: torch.device) -> str:
-    """`auto`: NCCL when the learner is on a GPU and the host has several (NCCL cannot put two
-    ranks on one GPU, which is what a one-GPU host shared by learner and rollout would need)."""
+def placement(device: torch.device, ipc_capable: bool) -> str:
+    """Where a weight-group member's weights live, for the learner's choice of transport:
+    `HOST/GPU-UUID[/ipc]` or `HOST/cpu`. HOST is the machine's boot id (containers of one host
+    share it), the UUID names the physical GPU whatever CUDA_VISIBLE_DEVICES says."""
+    where = str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else "cpu"
+    return f"{_host_id()}/{where}" + ("/ipc" if ipc_capable and device.type == "cuda" else "")
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
+
+
+def weight_backend(spec: str, device: torch.device, members: list[str] | None = None) -> str:
+    """The transport of the weight group. `auto` follows placement (`members`: each rollout
+    member's placement()): CUDA IPC when every member sits on the learner's own GPU and can
+    map it, NCCL when the learner and every member have GPUs (NCCL cannot put two ranks on
+    one GPU), else gloo through host memory. Without placements (an older controller), NCCL
+    when the host has several GPUs, else gloo."""
     if spec != "auto":
-        if spec == "nccl" and device.type != "cuda":
-            raise ConfigError(f"learner.weight_backend = 'nccl' needs the learner on a GPU, not {device}")
+        if spec in ("nccl", "ipc") and device.type != "cuda":
+            raise ConfigError(f"learner.weight_backend = {spec!r} needs the learner on a GPU, not {device}")
         return spec
-    return "nccl" if device.type == "cuda" and torch.cuda.device_count() > 1 else "gloo"
+    if device.type != "cuda":
+        return "gloo"
+    return backend_for_placement(placement(device, ipc_capable=True), members, torch.cuda.device_count())
+
+
+def backend_for_placement(learner: str, members: list[str] | None, gpus_on_host: int) -> str:
+    """weight_backend()'s rule for a learner on a GPU (`learner` is its placement())."""
+    if not members:
+        return "nccl" if gpus_on_host > 1 else "gloo"
+    if all(m == learner for m in members):
+        return "ipc"
+    on_gpus = all(len(m.split("/")) > 1 and m.split("/")[1] != "cpu" for m in members)
+    shares_gpu = any(m.split("/")[:2] == learner.split("/")[:2] for m in members)
+    return "nccl" if on_gpus and not shares_gpu else "gloo"
 
 
 def weight_checksums(spec: str, backend: str) -> bool:
     """`auto`: per-bucket checksums over gloo only. NCCL moves buckets between GPUs over links
-    with their own integrity checks, and on the GPU the checksum passes cost several times the
-    wire time (bench/weight_sync.py)."""
+    with their own integrity checks, CUDA IPC copies within one GPU's memory, and on the GPU the
+    checksum passes cost several times the wire time (bench/weight_sync.py)."""
     return spec == "on" or (spec == "auto" and backend == "gloo")
 
 
 def transfer_device(backend: str, device: torch.device) -> torch.device:
-    """Where weight buckets live during a transfer: the GPU for NCCL, host memory for gloo."""
+    """Where the weight group's tensors live: the GPU for NCCL, host memory for gloo and for
+    the IPC handoff's control messages (its buckets stay on the GPU, rlfleet.weights.ipc)."""
     return device if backend == "nccl" else torch.device("cpu")

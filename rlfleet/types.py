@@ -109,3 +109,4 @@ class ServiceStatus:
     last_error: str = ""
     stats: dict[str, float] = field(default_factory=dict)
     metrics_port: int = 0
+    placement: str = ""  # a rollout's: rlfleet.devices.placement()

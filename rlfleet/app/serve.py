@@ -142,9 +142,11 @@ def shares_gpu_with_rollout(cfg: JobConfig, device, gpus: int) -> bool:
 
 def learner_runtime_config(cfg: JobConfig, device, gpus: int) -> LearnerConfig:
     """The learner settings this process runs with: the job's, with `weight_backend: auto` resolved to
-    gloo when the learner shares a GPU with a rollout (NCCL cannot put two ranks of one group on one
-    GPU). A copy: the job config, which config.yaml records, stays as validated."""
-    if shares_gpu_with_rollout(cfg, device, gpus):
+    gloo when the learner shares a GPU with a rollout whose engine cannot map CUDA IPC buffers (NCCL
+    cannot put two ranks of one group on one GPU). The transformers engine reports its placement, so
+    `auto` stays and picks CUDA IPC by it. A copy: the job config, which config.yaml records, stays
+    as validated."""
+    if shares_gpu_with_rollout(cfg, device, gpus) and cfg.rollout.backend != "hf":
         return cfg.learner.model_copy(update={"weight_backend": "gloo"})
     return cfg.learner
 

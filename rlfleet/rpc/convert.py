@@ -115,10 +115,10 @@ def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
 def status_to_proto(s: t.ServiceStatus) -> common_pb2.ServiceStatus:
     return common_pb2.ServiceStatus(role=s.role, ready=s.ready, policy_version=s.policy_version,
                                     in_flight=s.in_flight, last_error=s.last_error, stats=s.stats,
-                                    metrics_port=s.metrics_port)
+                                    metrics_port=s.metrics_port, placement=s.placement)
 
 
 def status_from_proto(msg: common_pb2.ServiceStatus) -> t.ServiceStatus:
     return t.ServiceStatus(role=msg.role, ready=msg.ready, policy_version=msg.policy_version,
                            in_flight=msg.in_flight, last_error=msg.last_error, stats=dict(msg.stats),
-                           metrics_port=msg.metrics_port)
+                           metrics_port=msg.metrics_port, placement=msg.placement)

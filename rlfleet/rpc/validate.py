@@ -15,7 +15,7 @@ from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.sample_checks import check_sample_shape
 from rlfleet.security_config import LimitsConfig
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "ipc")
 MAX_STOP_STRINGS = 64
 MAX_ID_CHARS = 1024
 MIN_TIMEOUT_S = 0.1  # a weight-group rendezvous cannot work in less

@@ -255,6 +255,20 @@ class WeightGroup:
         except Exception as e:
             self._fail(e)
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums `tensor` over every rank in place (a small acknowledgement, e.g. the IPC handoff's)."""
+        if self._pg is None:
+            raise WeightSyncError("weight group is not connected")
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        opts.timeout = timedelta(seconds=self.timeout_s)
+        try:
+            work = self._pg.allreduce([tensor], opts)
+        except Exception as e:
+            self._fail(e)
+        self.finish(work)
+        return tensor
+
     def finish(self, work: dist.Work) -> None:
         """Waits for a broadcast issued by start_broadcast(); WeightSyncError after the timeout."""
         try:

@@ -50,6 +50,10 @@ class WeightReceiver:
         self.reuse_buffers = reuse_buffers
         self._staging: tuple[tuple[int, ...], list[torch.Tensor], dict[str, torch.Tensor]] | None = None
 
+    def _staging_device(self) -> torch.device:
+        """Where received buckets live: the group's device (a subclass may stage elsewhere)."""
+        return self.group.device
+
     def receive(self, expected_version: int | None = None) -> ReceivedWeights:
         """Block for one push. Raises VersionMismatch, or WeightSyncError on timeout/corruption.
 
@@ -110,7 +114,7 @@ class WeightReceiver:
         if self._staging is not None and self._staging[0] == digest:
             return self._staging[1], self._staging[2]
         self._staging = None  # a new layout: let the old buffers go before allocating new ones
-        device = self.group.device
+        device = self._staging_device()
         buckets = [torch.empty(spec.numel, dtype=dtype_from_name(spec.dtype), device=device)
                    for spec in layout.buckets]
         tensors = {e.name: buckets[e.bucket][e.offset:e.offset + e.numel].view(e.shape)

@@ -128,10 +128,13 @@ class WeightSender:
         self._plan = _Plan(key, layout, data, layout_digest(data), by_bucket)
         return self._plan
 
-    def _pack(self, plan: _Plan, bucket: int, srcs: list[torch.Tensor]) -> torch.Tensor:
-        """Contiguous copy of the bucket's tensors into one flat buffer on the group's device."""
+    def _pack(self, plan: _Plan, bucket: int, srcs: list[torch.Tensor],
+              out: torch.Tensor | None = None) -> torch.Tensor:
+        """Contiguous copy of the bucket's tensors into one flat buffer (`out`, else a new one on the
+        group's device)."""
         spec = plan.layout.buckets[bucket]
-        flat = torch.empty(spec.numel, dtype=dtype_from_name(spec.dtype), device=self.group.device)
+        flat = out if out is not None else torch.empty(spec.numel, dtype=dtype_from_name(spec.dtype),
+                                                       device=self.group.device)
         pairs = plan.by_bucket[bucket]
         pieces = [srcs[j] for _, j in pairs]
         dtensor = _dtensor_type()

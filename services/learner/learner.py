@@ -19,6 +19,7 @@ from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
+from rlfleet.weights.ipc import IpcWeightSender
 from services.learner.batching import validate_samples
 from services.learner.checkpoint import save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
@@ -103,17 +104,25 @@ class Learner:
 
     # ---- weights --------------------------------------------------------------------------
     def open_weight_group(self, world_size: int, host: str, timeout_s: float,
-                          token: str | None = None) -> tuple[str, str]:
-        """`token`: only ranks that present it are admitted (rlfleet.weights.group)."""
+                          token: str | None = None, members: list[str] | None = None) -> tuple[str, str]:
+        """`token`: only ranks that present it are admitted (rlfleet.weights.group); `members`:
+        where each member's weights live (rlfleet.devices.placement), which picks the transport."""
         with self._lock:
             if self._group is not None:
                 self._group.close()
-            backend = weight_backend(self.cfg.weight_backend, self.device)
-            self._group = WeightGroup.host(world_size=world_size, backend=backend, host=host,
-                                           timeout_s=timeout_s, device=transfer_device(backend, self.device),
-                                           token=token)
-            self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20,
-                                        checksums=weight_checksums(self.cfg.weight_checksums, backend))
+            backend = weight_backend(self.cfg.weight_backend, self.device, members)
+            checksums = weight_checksums(self.cfg.weight_checksums, backend)
+            self._group = WeightGroup.host(world_size=world_size,
+                                           backend="gloo" if backend == "ipc" else backend,
+                                           host=host, timeout_s=timeout_s,
+                                           device=transfer_device(backend, self.device), token=token)
+            if backend == "ipc":
+                self._sender = IpcWeightSender(self._group, self.device, checksums=checksums)
+            else:
+                self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20,
+                                            checksums=checksums)
+            log.info("weight group transport", backend=backend, requested=self.cfg.weight_backend,
+                     members=world_size - 1, learner_device=str(self.device))
             return self._group.address, backend
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:

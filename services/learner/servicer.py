@@ -70,7 +70,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
         with self.weight_ops.hold("OpenWeightGroup"):
             address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
-                                                         token=self.weight_token)
+                                                         token=self.weight_token,
+                                                         members=list(request.member_placements))
         return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
 
     @rpc_method

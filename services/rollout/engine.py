@@ -51,6 +51,11 @@ class RolloutEngine(ABC):
         """Receives one broadcast and swaps it in; no generation step sees a mix of versions.
         Returns `version`, `bytes` and `seconds`."""
 
+    def placement(self) -> str:
+        """Where this engine's weights live (rlfleet.devices.placement), so that the learner can pick
+        the weight transport; "" when unknown (the learner then decides by its own host)."""
+        return ""
+
     def weights_digest(self) -> str:
         """rlfleet.weights.digest of the served weights in the learner's naming, or "" if the
         backend stores them differently (e.g. vLLM's fused layers)."""

@@ -81,4 +81,4 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             last_error=self.last_error,
             stats={**self.metrics.load_stats(),
                    "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)},
-            metrics_port=self.metrics_port))
+            metrics_port=self.metrics_port, placement=self.engine.placement() if self.engine else ""))

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 
 from rlfleet.devices import transfer_device
-from rlfleet.errors import NotReady, WeightSyncError
+from rlfleet.errors import InvalidRequest, NotReady, WeightSyncError
 from rlfleet.weights import WeightGroup, WeightReceiver
+from rlfleet.weights.ipc import IpcWeightReceiver
 
 
 class InProcessWeightSync:
@@ -32,13 +33,18 @@ class InProcessWeightSync:
              token: str | None = None) -> None:
         # The store connect can take the whole timeout: made outside the lock, so a join to an
         # address that does not answer never holds up a pull of the current group.
-        group = WeightGroup.join(address, rank=rank, world_size=world_size, backend=backend,
-                                 timeout_s=timeout_s,
+        if backend == "ipc" and self.device.type != "cuda":
+            raise InvalidRequest(f"weight backend 'ipc' needs the rollout on the learner's GPU; it is on "
+                                 f"{self.device}")
+        group = WeightGroup.join(address, rank=rank, world_size=world_size,
+                                 backend="gloo" if backend == "ipc" else backend, timeout_s=timeout_s,
                                  device=transfer_device(backend, self.device), token=token)
+        receiver = (IpcWeightReceiver(group, self.device) if backend == "ipc"
+                    else WeightReceiver(group, reuse_buffers=True))
         with self._lock:
             if self._group is not None:
                 self._group.close()
-            self._group, self._receiver = group, WeightReceiver(group, reuse_buffers=True)
+            self._group, self._receiver = group, receiver
 
     def pull(self, version: int) -> dict[str, float]:
         """Receives the broadcast of `version` and swaps it in; generation keeps serving the old

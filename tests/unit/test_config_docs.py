@@ -54,16 +54,19 @@ def test_config_show_prints_the_resolved_config_with_its_docs(tmp_path, capsys):
 
 
 def test_the_learner_resolves_a_shared_gpu_without_changing_the_job_config():
-    """`weight_backend: auto` on a GPU shared with a rollout runs over gloo, in a runtime copy: the
-    validated job config (what config.yaml records) is left as it was."""
+    """`weight_backend: auto` on a GPU shared with a vLLM rollout runs over gloo, in a runtime copy: the
+    validated job config (what config.yaml records) is left as it was. With the transformers engine
+    `auto` stays: its placement picks CUDA IPC (rlfleet.devices.backend_for_placement)."""
     import torch
 
     from rlfleet.app.serve import learner_runtime_config
     from rlfleet.config import load_config
 
-    cfg = load_config(overrides=["learner.device=auto", "rollout.replicas=1"])
+    hf = load_config(overrides=["learner.device=auto", "rollout.replicas=1"])
+    assert learner_runtime_config(hf, torch.device("cuda", 0), gpus=1) is hf.learner
+    cfg = load_config(overrides=["learner.device=auto", "rollout.replicas=1", "rollout.backend=vllm"])
     runtime = learner_runtime_config(cfg, torch.device("cuda", 0), gpus=1)
     assert runtime.weight_backend == "gloo" and cfg.learner.weight_backend == "auto"
-    assert load_config(overrides=["learner.device=auto", "rollout.replicas=1"]) == cfg
+    assert load_config(overrides=["learner.device=auto", "rollout.replicas=1", "rollout.backend=vllm"]) == cfg
     assert learner_runtime_config(cfg, torch.device("cuda", 1), gpus=2) is cfg.learner  # a GPU of its own
     assert learner_runtime_config(cfg, torch.device("cpu"), gpus=0) is cfg.learner

@@ -45,7 +45,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceStatus(_message.Message):
-    __slots__ = ("role", "ready", "policy_version", "in_flight", "last_error", "stats", "metrics_port")
+    __slots__ = ("role", "ready", "policy_version", "in_flight", "last_error", "stats", "metrics_port", "placement")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class ServiceStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     role: str
     ready: bool
     policy_version: int
@@ -67,4 +68,5 @@ class ServiceStatus(_message.Message):
     last_error: str
     stats: _containers.ScalarMap[str, float]
     metrics_port: int
-    def __init__(self, role: _Optional[str] = ..., ready: _Optional[bool] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_error: _Optional[str] = ..., stats: _Optional[_Mapping[str, float]] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    placement: str
+    def __init__(self, role: _Optional[str] = ..., ready: _Optional[bool] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_error: _Optional[str] = ..., stats: _Optional[_Mapping[str, float]] = ..., metrics_port: _Optional[int] = ..., placement: _Optional[str] = ...) -> None: ...

@@ -51,12 +51,14 @@ class TrainResponse(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class OpenWeightGroupRequest(_message.Message):
-    __slots__ = ("world_size", "timeout_s")
+    __slots__ = ("world_size", "timeout_s", "member_placements")
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     world_size: int
     timeout_s: float
-    def __init__(self, world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    member_placements: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., member_placements: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenWeightGroupResponse(_message.Message):
     __slots__ = ("address", "backend")

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.config import RolloutConfig
+from rlfleet.devices import placement
 from rlfleet.errors import ConfigError
 from rlfleet.ops.logprobs import token_logprobs
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
@@ -67,6 +68,9 @@ class HFEngine(RolloutEngine):
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def placement(self) -> str:
+        return placement(self._device, ipc_capable=True)  # InProcessWeightSync maps CUDA IPC buffers
 
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
                           token: str | None = None) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlfleet.config import RolloutConfig
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, InvalidRequest
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine, check_prompts
 
@@ -123,6 +123,9 @@ class VLLMEngine(RolloutEngine):
     # ---- weights --------------------------------------------------------------------------
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
                           token: str | None = None) -> None:
+        if backend == "ipc":  # placement() is "" here, so learner.weight_backend=auto never picks it
+            raise InvalidRequest("the vLLM rollout backend takes weights over nccl or gloo, not 'ipc': "
+                                 "set learner.weight_backend=auto, nccl or gloo")
         self._run(self.engine.collective_rpc(
             "rlfleet_join", args=(address, rank, world_size, backend, timeout_s, token)))
 
