@@ -83,7 +83,10 @@ class RolloutConfig(ServiceEndpointConfig):
     addresses: list[str] = Field(default_factory=list, description="host:port of running rollout replicas "
                                  "(instead of address, for several)")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per replica")
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="vLLM's share of GPU memory")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="share of its GPU's memory the rollout may take (vLLM's setting; "
+        "the transformers engine caps its allocator at it); null: 0.85 on a GPU of its own, 0.30 on a GPU "
+        "shared with the learner (docs/performance.md, one GPU)")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length; null: the model's")
     inflight_updates: bool = Field(True, description="vLLM: requests in flight continue under new weights "
                                    "(else a weight update waits for them to finish)")
@@ -151,6 +154,10 @@ class LearnerConfig(ServiceEndpointConfig):
     micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
                                     "(padded length x sequences)")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="share of its GPU's memory the learner may take; null: no cap on a "
+        "GPU of its own, 0.60 on a GPU shared with a rollout (with rollout.gpu_memory_utilization at most "
+        "0.95)")
     weight_backend: Literal["auto", "ipc", "nccl", "gloo"] = Field(
         "auto", description="weight-sync transport; auto follows placement: CUDA IPC when the rollouts share "
         "the learner's GPU, NCCL when each has a GPU of its own, else gloo (host memory)")

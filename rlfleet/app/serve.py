@@ -7,6 +7,7 @@ from __future__ import annotations
 import structlog
 
 from rlfleet.config import JobConfig, LearnerConfig
+from rlfleet.app.gpu_plan import plan_learner, plan_rollout
 from rlfleet.devices import resolve_device, resolve_dtype
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import run_service
@@ -26,7 +27,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
     def load() -> None:
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
-        engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, cfg.rollout, cfg.run.seed)
+        rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner
+        engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, rollout_cfg, cfg.run.seed)
         servicer.attach(engine)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
@@ -68,9 +70,10 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         import torch
 
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        learner = Learner(learner_runtime_config(cfg, device, gpus),
-                          resolve_model_path(cfg.model.path), device,
-                          resolve_dtype(cfg.model.dtype, device), cfg.run.dir / "checkpoints",
+        learner_cfg, path = learner_runtime_config(cfg, device, gpus), resolve_model_path(cfg.model.path)
+        dtype = resolve_dtype(cfg.model.dtype, device)
+        plan_learner(cfg, learner_cfg, device, path, dtype)  # its share of a GPU shared with a rollout
+        learner = Learner(learner_cfg, path, device, dtype, cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens,
                           total_steps=cfg.controller.max_steps)

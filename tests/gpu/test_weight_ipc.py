@@ -21,7 +21,8 @@ def _weights(version: int, layers: int, device: torch.device) -> list[tuple[str,
     for i in range(layers):
         out += [(f"l{i}.w", torch.randn(64, 64, generator=g, device=device).bfloat16()),
                 (f"l{i}.b", torch.randn(64, generator=g, device=device)),  # a second dtype
-                (f"l{i}.wt", torch.randn(32, 64, generator=g, device=device).bfloat16().t())]  # non-contiguous
+                (f"l{i}.wt", torch.randn(32, 64, generator=g,
+                                         device=device).bfloat16().t())]  # non-contiguous
     return out + [("step", torch.tensor(version, device=device))]
 
 

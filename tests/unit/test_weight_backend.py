@@ -29,6 +29,6 @@ def test_explicit_backends_and_the_cpu() -> None:
     assert weight_backend("auto", cpu, ["x/cpu"]) == "gloo"
     assert weight_backend("gloo", cpu) == "gloo"
     for spec in ("nccl", "ipc"):
-        with pytest.raises(ConfigError, match=f"learner.weight_backend = '{spec}' needs the learner on a GPU"):
+        with pytest.raises(ConfigError, match=f"weight_backend = '{spec}' needs the learner on a GPU"):
             weight_backend(spec, cpu)
     assert placement(cpu, ipc_capable=True).endswith("/cpu")  # IPC is a GPU capability only

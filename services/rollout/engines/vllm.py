@@ -58,7 +58,7 @@ class VLLMEngine(RolloutEngine):
             model=str(model_path), dtype=str(dtype).removeprefix("torch."), seed=seed,
             max_model_len=cfg.max_model_len, tensor_parallel_size=cfg.tensor_parallel_size,
             enforce_eager=device.type == "cpu", enable_prefix_caching=False,  # no KV reuse across versions
-            max_num_seqs=cfg.max_batch_sequences, gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_num_seqs=cfg.max_batch_sequences, gpu_memory_utilization=cfg.gpu_memory_utilization or 0.85,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs")
 
         async def create() -> Any:

@@ -1,0 +1,117 @@
+"""Two roles on one GPU, planned: how much memory the rollout and the learner need, and whether
+their shares of the GPU (rollout.gpu_memory_utilization, learner.gpu_memory_utilization) hold it.
+
+Why estimate before loading: a rollout that fills the GPU with KV cache leaves the learner to die
+of an out-of-memory error at its first large batch, minutes into the run, with a message that
+names neither setting. Each role's share caps its allocator (set_per_process_memory_fraction), and
+the estimate below says up front, naming the keys and the sizes, when a share cannot hold the
+role's settings. Estimates are deliberately on the high side (worst-case buckets, fp32 logits).
+
+Pure: the model's config.json as a dict, the job config and the GPU's size in; no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlfleet.errors import ConfigError
+
+GIB = 1 << 30
+#: what a process's CUDA context, cuBLAS workspaces and allocator slack take outside its tensors
+CONTEXT_BYTES = GIB // 2
+#: shares of a GPU that the rollout and the learner take by default when they share one
+SHARED_ROLLOUT_SHARE, SHARED_LEARNER_SHARE = 0.30, 0.60
+ALONE_ROLLOUT_SHARE = 0.85  # vLLM's customary default on a GPU of its own
+MAX_SHARES = 0.95  # what both may take together: the rest is contexts and fragmentation
+# the rollout's static decode loop (services/rollout/engines): batch and length buckets, slots kept
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_LENGTH_ALIGN, _SLOTS_KEPT, _PREFILL_TOKENS = 64, 2, 16384
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimates need of a decoder-only model's config.json."""
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+    context: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> Shape:
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            return cls(layers=int(config["num_hidden_layers"]), hidden=hidden,
+                       intermediate=int(config["intermediate_size"]), heads=heads,
+                       kv_heads=int(config.get("num_key_value_heads") or heads),
+                       head_dim=int(config.get("head_dim") or hidden // heads),
+                       vocab=int(config["vocab_size"]),
+                       tied=bool(config.get("tie_word_embeddings", False)),
+                       context=int(config.get("max_position_embeddings") or 4096))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"the model's config.json lacks what the memory plan needs ({exc})") from None
+
+    @property
+    def params(self) -> int:
+        attn = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        layer = attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * layer + self.hidden + head
+
+
+def _bucket(rows: int) -> int:
+    return next((b for b in _BATCH_BUCKETS if b >= rows), rows)
+
+
+def rollout_bytes(shape: Shape, dtype_bytes: int, max_batch_sequences: int,
+                  max_tokens: int) -> dict[str, int]:
+    """The transformers rollout on a GPU: weights, a staging copy for weight updates, KV caches of the
+    decode slots it keeps, prefill activations and the logits of a decode step."""
+    batch, length = _bucket(max_batch_sequences), -(-max_tokens // _LENGTH_ALIGN) * _LENGTH_ALIGN
+    kv = 2 * shape.layers * batch * shape.kv_heads * length * shape.head_dim * dtype_bytes * _SLOTS_KEPT
+    prefill = _PREFILL_TOKENS * (4 * shape.hidden + 2 * shape.intermediate) * dtype_bytes
+    logits = 3 * batch * shape.vocab * 4
+    return {"weights": shape.params * dtype_bytes, "weight staging": shape.params * dtype_bytes,
+            "KV cache": kv, "activations": prefill + logits, "CUDA context": CONTEXT_BYTES}
+
+
+def learner_bytes(shape: Shape, dtype_bytes: int, micro_batch_tokens: int, checkpointing: bool,
+                  logprob_chunk_tokens: int) -> dict[str, int]:
+    """The learner: weights, gradients, AdamW's two moments (in the weights' dtype), the buffer a
+    weight push packs into, the activations of one micro-batch and its fp32 logits."""
+    p, t = shape.params, micro_batch_tokens
+    per_layer = t * (16 * shape.hidden + 6 * shape.intermediate) * dtype_bytes
+    acts = (shape.layers * t * shape.hidden * dtype_bytes + per_layer if checkpointing
+            else shape.layers * per_layer)
+    logit_tokens = min(t, logprob_chunk_tokens) if logprob_chunk_tokens else t
+    return {"weights": p * dtype_bytes, "gradients": p * dtype_bytes, "optimizer": 2 * p * dtype_bytes,
+            "weight push buffer": p * dtype_bytes, "activations": acts,
+            "logits": 3 * logit_tokens * shape.vocab * 4, "CUDA context": CONTEXT_BYTES}
+
+
+def shares(rollout_share: float | None, learner_share: float | None, shared: bool) -> tuple[float, float]:
+    """The two shares in force: the configured ones, or the defaults for a shared or an own GPU."""
+    rollout = rollout_share if rollout_share is not None else (
+        SHARED_ROLLOUT_SHARE if shared else ALONE_ROLLOUT_SHARE)
+    learner = learner_share if learner_share is not None else (SHARED_LEARNER_SHARE if shared else 1.0)
+    if shared and rollout + learner > MAX_SHARES:
+        raise ConfigError(f"rollout.gpu_memory_utilization ({rollout:g}) + learner.gpu_memory_utilization "
+                          f"({learner:g}) = {rollout + learner:g} on one shared GPU; together they may "
+                          f"take at most {MAX_SHARES:g} (the rest is the two processes' CUDA contexts)")
+    return rollout, learner
+
+
+def check(role: str, need: dict[str, int], share: float, gpu_bytes: int, key: str, hints: str) -> None:
+    """ConfigError naming the role's share key, the sizes and what to change, when `need` exceeds it."""
+    budget = share * gpu_bytes
+    total = sum(need.values())
+    if total <= budget:
+        return
+    parts = ", ".join(f"{name} {size / GIB:.1f}" for name, size in need.items() if size >= GIB // 20)
+    raise ConfigError(f"{role} needs about {total / GIB:.1f} GiB of GPU memory ({parts} GiB) but {key}="
+                      f"{share:g} of this {gpu_bytes / GIB:.0f} GiB GPU gives it {budget / GIB:.1f} GiB; "
+                      f"raise {key} or lower {hints}")
