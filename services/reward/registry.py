@@ -17,10 +17,12 @@ RewardFn = Callable[..., float]
 
 def named_functions() -> dict[str, RewardFn]:
     """Built-in rewards by the name `reward.fn` or a source's `function` can give."""
-    from services.reward.fns import code, digits, gsm8k, match, math_answer, penalties
+    from services.reward.fns import code, digits, final_number, match, math_answer, penalties
     return {
         "digits": digits.compute_score,
-        "gsm8k": gsm8k.compute_score,
+        "gsm8k": final_number.compute_score,
+        "gsm8k_lenient": final_number.compute_score,
+        "arithmetic": final_number.compute_score,
         "math": math_answer.compute_score,
         "exact_match": match.exact_match,
         "regex_match": match.regex_match,
@@ -32,10 +34,12 @@ def named_functions() -> dict[str, RewardFn]:
 
 def builtin_functions() -> dict[str, RewardFn]:
     """Built-in rewards by data_source, which `auto` picks from."""
+    from rlfleet.data import arithmetic
     from rlfleet.data.tasks import TASK_NAME
     named = named_functions()
     return {
         TASK_NAME: named["digits"],
+        arithmetic.TASK_NAME: named["arithmetic"],
         "openai/gsm8k": named["gsm8k"],
         "gsm8k": named["gsm8k"],
         "math": named["math"],

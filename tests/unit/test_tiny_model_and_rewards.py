@@ -9,7 +9,7 @@ import pytest
 from rlfleet.data import tasks
 from rlfleet.models import tiny
 from services.reward.fns import digits as digits_reward
-from services.reward.fns import gsm8k as gsm8k_reward
+from services.reward.fns import final_number as gsm8k_reward
 
 # --------------------------------------------------------------------------- fixtures
 

@@ -1,11 +1,21 @@
-"""GSM8K-style reward: compare the final numeric answer with the ground truth.
+"""The lenient final-number rule: `gsm8k_lenient`, and `arithmetic` (data_source `rlfleet/arithmetic`).
 
 The answer is the number after the last ``####`` marker when one is present,
-otherwise the last number anywhere in the text.  Commas, dollar signs and a
-trailing period are stripped before comparing; numbers are compared by value
-(so ``"18.00"`` equals ``"18"``).  Returns ``score`` (1.0) when right,
+otherwise the last number anywhere in the text. Commas, dollar signs and a
+trailing full stop are stripped before comparing; numbers are compared by value
+(so ``"18.00"`` equals ``"18"``). Returns ``score`` (1.0) when right,
 ``format_score`` (0.0 by default) when an answer was found but is wrong, and
-0.0 when no answer could be extracted.  Never raises.
+0.0 when no answer could be extracted. Never raises.
+
+A response cut at the token budget (``extra_info["finish_reason"] == "length"``,
+which rlfleet's reward service adds from the score request) scores 0.0 whatever it
+contains: without this gate the last-number fallback credits coincidental numbers
+of an unfinished response ("Step 5"). A response whose ending is unknown (no
+finish reason, e.g. from a caller outside rlfleet) is scored as one that ended on
+its own.
+
+This was rlfleet's `gsm8k` rule before `gsm8k` became verl's `compute_score`
+(services/reward/fns/gsm8k.py); it credits more than verl's strict or flexible methods.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?|-?\.[0-9]+")
+TRUNCATED = "length"
 
 
 def normalize_number(text: str) -> str:
@@ -39,6 +50,10 @@ def extract_answer(solution_str: object) -> str | None:
     return normalize_number(numbers[-1]) or None
 
 
+def was_truncated(extra_info: dict | None) -> bool:
+    return isinstance(extra_info, dict) and extra_info.get("finish_reason") == TRUNCATED
+
+
 def _same(a: str, b: str) -> bool:
     try:
         return Decimal(a) == Decimal(b)
@@ -55,6 +70,8 @@ def compute_score(
     score: float = 1.0,
 ) -> float:
     try:
+        if was_truncated(extra_info):
+            return 0.0
         answer = extract_answer(solution_str)
         if answer is None:
             return 0.0
