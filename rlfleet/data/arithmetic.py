@@ -78,9 +78,10 @@ class Problem:
 
     @property
     def result(self) -> int:
+        apply = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__}[self.operation]
         value = self.operands[0]
         for x in self.operands[1:]:
-            value = value + x if self.operation == "add" else value - x if self.operation == "sub" else value * x
+            value = apply(value, x)
         return value
 
     def worked_answer(self) -> str:
