@@ -49,5 +49,6 @@ class ScoredGroup:
 
 def score_items(prompt: Prompt, completions: list[Completion], request_id: str) -> list[ScoreItem]:
     return [ScoreItem(id=f"{request_id}/{i}", data_source=prompt.data_source, prompt=prompt.text,
-                      response=c.text, ground_truth=prompt.ground_truth, extra_info=prompt.extra_info)
+                      response=c.text, ground_truth=prompt.ground_truth, extra_info=prompt.extra_info,
+                      finish_reason=c.finish_reason)
             for i, c in enumerate(completions)]

@@ -52,6 +52,8 @@ class ScoreItem:
     response: str
     ground_truth: str
     extra_info: dict[str, Any] = field(default_factory=dict)
+    # how the response's generation ended: "stop", "length" (cut at the token budget), or "" (unknown)
+    finish_reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,19 @@ def reward_scorer(cfg):
                         Security.from_config(cfg.security, cfg.limits))
 
 
+def reward_rules(cfg, data_sources) -> dict[str, str]:
+    """The rule each data_source was scored by, for the report: a built-in's name and what it reads,
+    a user function's import path, the reward model, or the combined reward.sources."""
+    if cfg.reward.sources:
+        rule = "reward.sources: " + ", ".join(s.name for s in cfg.reward.sources)
+        return dict.fromkeys(data_sources, rule)
+    if cfg.reward.model.path:
+        return dict.fromkeys(data_sources, f"reward model {cfg.reward.model.path}")
+    from services.reward.registry import rule_label
+
+    return {src: rule_label(cfg.reward.fn, src) for src in data_sources}
+
+
 def run(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
 
@@ -170,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(scorer, "close"):
             scorer.close()
     summary = summarize(samples, params.n, args.correct_at)
+    for src, rule in reward_rules(cfg, list(summary["by_source"])).items():
+        summary["by_source"][src]["rule"] = rule
     meta = {
         "model": str(model_path),
         "data": [str(f) for f in files],

@@ -1,4 +1,4 @@
-"""`rlfleet data gsm8k|jsonl|digits-reverse`: write Parquet files in the verl schema."""
+"""`rlfleet data gsm8k|jsonl|digits-reverse|arithmetic`: write Parquet files in the verl schema."""
 
 from __future__ import annotations
 
@@ -51,6 +51,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     digits.add_argument("--size", type=int, default=256)
     digits.add_argument("--split", default="test")
     digits.add_argument("--seed", type=int, default=0)
+    arithmetic = kinds.add_parser(
+        "arithmetic",
+        help="generated sums, differences and products in GSM8K's answer format (a real-model task)",
+    )
+    arithmetic.add_argument("--output", "-o", required=True)
+    arithmetic.add_argument("--rows", type=int, default=1000, help="problems to write (default 1000)")
+    arithmetic.add_argument("--seed", type=int, default=0)
+    arithmetic.add_argument(
+        "--split", default="train", help="train or test: the two never share a problem (default train)"
+    )
+    arithmetic.add_argument(
+        "--operations", default="add,sub,mul", help="comma-separated subset of add,sub,mul (default all)"
+    )
+    arithmetic.add_argument("--min-operands", type=int, default=2, help="2 or 3 (default 2)")
+    arithmetic.add_argument("--max-operands", type=int, default=3, help="2 or 3 (default 3)")
+    arithmetic.add_argument("--min-value", type=int, default=1, help="smallest operand (default 1)")
+    arithmetic.add_argument("--max-value", type=int, default=99, help="largest operand of sums and "
+                            "differences (default 99)")
+    arithmetic.add_argument("--mul-max-value", type=int, default=20, help="largest operand of products "
+                            "(default 20)")
+    arithmetic.add_argument(
+        "--instruction", default=None,
+        help="text appended to each question (default: the GSM8K converter's '####' line; '' for none)",
+    )
 
 
 def _length_filter(rows: list[dict], args: argparse.Namespace) -> tuple[list[dict], str]:
@@ -73,6 +97,24 @@ def _length_filter(rows: list[dict], args: argparse.Namespace) -> tuple[list[dic
     return kept, f"{dropped} of {len(rows)} prompts longer than {args.max_prompt_length} tokens left out"
 
 
+def _arithmetic(args: argparse.Namespace) -> int:
+    from rlfleet.data import arithmetic, convert
+
+    spec = arithmetic.ArithmeticSpec(
+        operations=tuple(op.strip() for op in args.operations.split(",") if op.strip()),
+        min_operands=args.min_operands,
+        max_operands=args.max_operands,
+        min_value=args.min_value,
+        max_value=args.max_value,
+        mul_max_value=args.mul_max_value,
+    )
+    instruction = convert.GSM8K_INSTRUCTION if args.instruction is None else args.instruction
+    rows = arithmetic.make_rows(args.rows, args.seed, args.split, spec, instruction)
+    path = convert.write_rows(rows, args.output)
+    print(f"rlfleet: wrote {len(rows)} {args.split} rows ({arithmetic.TASK_NAME}) to {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from rlfleet.data import convert
 
@@ -84,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         path = write_parquet(args.output, args.size, args.seed, args.split)
         print(f"rlfleet: wrote {args.size} rows to {path}")
         return 0
+    if args.kind == "arithmetic":
+        return _arithmetic(args)
     records = convert.read_jsonl(args.input)
     if args.kind == "gsm8k":
         instruction = convert.GSM8K_INSTRUCTION if args.instruction is None else args.instruction

@@ -28,6 +28,7 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
             response=c.text,
             ground_truth=prompt.ground_truth,
             extra_info=prompt.extra_info,
+            finish_reason=c.finish_reason,
         )
         for i, c in enumerate(group.completions)
     ]

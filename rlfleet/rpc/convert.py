@@ -60,7 +60,8 @@ def score_items_to_proto(items: list[t.ScoreItem]) -> reward_pb2.ScoreRequest:
     return reward_pb2.ScoreRequest(items=[
         reward_pb2.ScoreItem(id=i.id, data_source=i.data_source, prompt=i.prompt, response=i.response,
                              ground_truth=i.ground_truth,
-                             extra_info_json=json.dumps(i.extra_info) if i.extra_info else "")
+                             extra_info_json=json.dumps(i.extra_info) if i.extra_info else "",
+                             finish_reason=i.finish_reason)
         for i in items])
 
 
@@ -74,7 +75,8 @@ def score_items_from_proto(msg: reward_pb2.ScoreRequest) -> list[t.ScoreItem]:
         if not isinstance(extra, dict):
             raise InvalidRequest(f"item {item.id!r}: extra_info_json must be a JSON object")
         items.append(t.ScoreItem(id=item.id, data_source=item.data_source, prompt=item.prompt,
-                                 response=item.response, ground_truth=item.ground_truth, extra_info=extra))
+                                 response=item.response, ground_truth=item.ground_truth, extra_info=extra,
+                                 finish_reason=item.finish_reason))
     return items
 
 

@@ -17,10 +17,13 @@ RewardFn = Callable[..., float]
 
 def named_functions() -> dict[str, RewardFn]:
     """Built-in rewards by the name `reward.fn` or a source's `function` can give."""
-    from services.reward.fns import code, digits, gsm8k, match, math_answer, penalties
+    from services.reward.fns import code, digits, final_number, gsm8k, match, math_answer, penalties
     return {
         "digits": digits.compute_score,
         "gsm8k": gsm8k.compute_score,
+        "gsm8k_flexible": gsm8k.compute_score_flexible,
+        "gsm8k_lenient": final_number.compute_score,
+        "arithmetic": final_number.compute_score,
         "math": math_answer.compute_score,
         "exact_match": match.exact_match,
         "regex_match": match.regex_match,
@@ -30,20 +33,43 @@ def named_functions() -> dict[str, RewardFn]:
     }
 
 
+# What a report says a built-in scored by (`rlfleet eval`, recipe tables): a bare name can hide a change
+# of rule, as `gsm8k` changed from the lenient final number to verl's strict method.
+RULE_LABELS = {
+    "gsm8k": "gsm8k (verl strict: '#### N' in the last 300 chars)",
+    "gsm8k_flexible": "gsm8k_flexible (verl flexible: last number in the last 300 chars)",
+    "gsm8k_lenient": "gsm8k_lenient (after ####, else last number; none if cut at the budget)",
+    "arithmetic": "arithmetic (after ####, else last number; none if cut at the budget)",
+}
+
+
+def builtin_names_by_source() -> dict[str, str]:
+    """data_source -> the name of the built-in `auto` picks for it."""
+    from rlfleet.data import arithmetic
+    from rlfleet.data.tasks import TASK_NAME
+    return {
+        TASK_NAME: "digits",
+        arithmetic.TASK_NAME: "arithmetic",
+        "openai/gsm8k": "gsm8k",
+        "gsm8k": "gsm8k",
+        "math": "math",
+        "lighteval/MATH": "math",
+        "DigitalLearningGmbH/MATH-lighteval": "math",
+        "HuggingFaceH4/MATH-500": "math",
+        "code": "code",
+    }
+
+
 def builtin_functions() -> dict[str, RewardFn]:
     """Built-in rewards by data_source, which `auto` picks from."""
-    from rlfleet.data.tasks import TASK_NAME
     named = named_functions()
-    return {
-        TASK_NAME: named["digits"],
-        "openai/gsm8k": named["gsm8k"],
-        "gsm8k": named["gsm8k"],
-        "math": named["math"],
-        "lighteval/MATH": named["math"],
-        "DigitalLearningGmbH/MATH-lighteval": named["math"],
-        "HuggingFaceH4/MATH-500": named["math"],
-        "code": named["code"],
-    }
+    return {source: named[name] for source, name in builtin_names_by_source().items()}
+
+
+def rule_label(fn: str, data_source: str) -> str:
+    """The rule `reward.fn=fn` scores `data_source` by, as reports name it."""
+    name = builtin_names_by_source().get(data_source, "none") if fn == "auto" else fn
+    return RULE_LABELS.get(name, name)
 
 
 def load_function(spec: str, params: dict[str, Any] | None = None) -> RewardFn:

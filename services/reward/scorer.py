@@ -31,6 +31,16 @@ def check_items(items: list[ScoreItem]) -> None:
         seen.add(item.id)
 
 
+def function_extra_info(item: ScoreItem) -> dict[str, Any]:
+    """The `extra_info` a reward function gets: the row's, plus `finish_reason` when the request says how
+    the response ended ("stop", or "length": cut at the token budget), so a rule can refuse credit to an
+    unfinished response. verl's reward managers add run-time facts (num_turns, …) to extra_info the same
+    way; the row's own extra_info is never changed."""
+    if not item.finish_reason:
+        return item.extra_info
+    return {**item.extra_info, "finish_reason": item.finish_reason}
+
+
 class RewardScorer:
     """`fn`: 'auto' (by data_source), a built-in name, 'pkg.module:function', or a callable."""
 
@@ -63,7 +73,7 @@ class RewardScorer:
     def score_one(self, item: ScoreItem) -> ScoreResult:
         fn = self.function_for(item.data_source)
         try:
-            value = fn(item.data_source, item.response, item.ground_truth, item.extra_info)
+            value = fn(item.data_source, item.response, item.ground_truth, function_extra_info(item))
             if isinstance(value, dict):  # verl allows {"score": x, ...}
                 value = value["score"]
             value = float(value)

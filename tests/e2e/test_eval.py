@@ -60,6 +60,8 @@ def test_eval_accuracy_matches_a_hand_count(tmp_path):
     # the readable table says the same
     table = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
     assert table["digits_reverse"][1:4] == ["12", "12", f"{expected:.4f}"]
+    # both name the rule that scored it (reward.fn=auto picks `digits` for digits_reverse)
+    assert ours["rule"] == "digits" and table["digits_reverse"][-1] == "digits"
 
 
 def test_eval_bad_input_is_one_clear_line(tmp_path):

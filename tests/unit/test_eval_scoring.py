@@ -107,6 +107,22 @@ def test_report_files_and_table(tmp_path):
     assert table[3].split()[:4] == ["all", "2", "2", "0.5000"]
 
 
+def test_table_names_the_rule_of_each_source():
+    from rlfleet.app.eval_command import reward_rules
+    from rlfleet.config import load_config
+
+    samples = [sample(0, 0, 1.0, "digits_reverse"), sample(1, 0, 0.0, "openai/gsm8k")]
+    s = summarize(samples, 1)
+    for src, rule in reward_rules(load_config(None, []), list(s["by_source"])).items():
+        s["by_source"][src]["rule"] = rule
+    table = format_table(s).splitlines()
+    assert table[0].split()[-1] == "rule"
+    assert table[1].endswith("  digits")
+    assert table[2].endswith("  gsm8k (verl strict: '#### N' in the last 300 chars)")
+    flexible = reward_rules(load_config(None, ["reward.fn=gsm8k_flexible"]), ["openai/gsm8k"])
+    assert flexible["openai/gsm8k"].startswith("gsm8k_flexible (verl flexible")
+
+
 def test_resolve_eval_model_takes_the_latest_complete_checkpoint(tmp_path):
     from rlfleet.errors import ConfigError
     from rlfleet.app.eval_command import resolve_eval_model

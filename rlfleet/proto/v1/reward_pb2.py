@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.proto.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"}\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61ta_source\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\t\x12\x14\n\x0cground_truth\x18\x05 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x06 \x01(\t\"4\n\x0cScoreRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.rlfleet.v1.ScoreItem\"\xb3\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12;\n\ncomponents\x18\x05 \x03(\x0b\x32\'.rlfleet.v1.ScoreResult.ComponentsEntry\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb5\x01\n\rScoreResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\x12\x44\n\x0esource_metrics\x18\x02 \x03(\x0b\x32,.rlfleet.v1.ScoreResponse.SourceMetricsEntry\x1a\x34\n\x12SourceMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8c\x01\n\x06Reward\x12<\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x19.rlfleet.v1.ScoreResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"\x94\x01\n\tScoreItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61ta_source\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\t\x12\x14\n\x0cground_truth\x18\x05 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x06 \x01(\t\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\"4\n\x0cScoreRequest\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.rlfleet.v1.ScoreItem\"\xb3\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12;\n\ncomponents\x18\x05 \x03(\x0b\x32\'.rlfleet.v1.ScoreResult.ComponentsEntry\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb5\x01\n\rScoreResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\x12\x44\n\x0esource_metrics\x18\x02 \x03(\x0b\x32,.rlfleet.v1.ScoreResponse.SourceMetricsEntry\x1a\x34\n\x12SourceMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8c\x01\n\x06Reward\x12<\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x19.rlfleet.v1.ScoreResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,18 +36,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORERESULT_COMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._loaded_options = None
   _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_SCOREITEM']._serialized_start=64
-  _globals['_SCOREITEM']._serialized_end=189
-  _globals['_SCOREREQUEST']._serialized_start=191
-  _globals['_SCOREREQUEST']._serialized_end=243
-  _globals['_SCORERESULT']._serialized_start=246
-  _globals['_SCORERESULT']._serialized_end=425
-  _globals['_SCORERESULT_COMPONENTSENTRY']._serialized_start=376
-  _globals['_SCORERESULT_COMPONENTSENTRY']._serialized_end=425
-  _globals['_SCORERESPONSE']._serialized_start=428
-  _globals['_SCORERESPONSE']._serialized_end=609
-  _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._serialized_start=557
-  _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._serialized_end=609
-  _globals['_REWARD']._serialized_start=612
-  _globals['_REWARD']._serialized_end=752
+  _globals['_SCOREITEM']._serialized_start=65
+  _globals['_SCOREITEM']._serialized_end=213
+  _globals['_SCOREREQUEST']._serialized_start=215
+  _globals['_SCOREREQUEST']._serialized_end=267
+  _globals['_SCORERESULT']._serialized_start=270
+  _globals['_SCORERESULT']._serialized_end=449
+  _globals['_SCORERESULT_COMPONENTSENTRY']._serialized_start=400
+  _globals['_SCORERESULT_COMPONENTSENTRY']._serialized_end=449
+  _globals['_SCORERESPONSE']._serialized_start=452
+  _globals['_SCORERESPONSE']._serialized_end=633
+  _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._serialized_start=581
+  _globals['_SCORERESPONSE_SOURCEMETRICSENTRY']._serialized_end=633
+  _globals['_REWARD']._serialized_start=636
+  _globals['_REWARD']._serialized_end=776
 # @@protoc_insertion_point(module_scope)

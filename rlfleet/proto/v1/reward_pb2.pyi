@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScoreItem(_message.Message):
-    __slots__ = ("id", "data_source", "prompt", "response", "ground_truth", "extra_info_json")
+    __slots__ = ("id", "data_source", "prompt", "response", "ground_truth", "extra_info_json", "finish_reason")
     ID_FIELD_NUMBER: _ClassVar[int]
     DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
     EXTRA_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     id: str
     data_source: str
     prompt: str
     response: str
     ground_truth: str
     extra_info_json: str
-    def __init__(self, id: _Optional[str] = ..., data_source: _Optional[str] = ..., prompt: _Optional[str] = ..., response: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ...) -> None: ...
+    finish_reason: str
+    def __init__(self, id: _Optional[str] = ..., data_source: _Optional[str] = ..., prompt: _Optional[str] = ..., response: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("items",)
