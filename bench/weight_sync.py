@@ -119,8 +119,10 @@ def one_gpu_worker(rank: int, shape: str, address_q, result_q, reps: int) -> Non
         address_q.put(group.address)
     group.connect()
     times: dict[str, list[float]] = {"ipc": [], "gloo": [], "d2d": []}
-    ends = {"ipc": (IpcWeightSender(group, device), IpcWeightReceiver(group, device)),
-            "gloo": (WeightSender(group, checksums=True), WeightReceiver(group, reuse_buffers=True))}
+    ends = {"ipc": (IpcWeightSender(group, device), None) if rank == 0
+            else (None, IpcWeightReceiver(group, device)),
+            "gloo": (WeightSender(group, checksums=True), None) if rank == 0
+            else (None, WeightReceiver(group, reuse_buffers=True))}
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     copy = torch.empty_like(flat)
     for i in range(reps + 1):  # the first round maps buffers, warms up, and is not counted
@@ -146,6 +148,22 @@ def one_gpu_worker(rank: int, shape: str, address_q, result_q, reps: int) -> Non
     group.close()
 
 
+def _result(result_q, procs) -> dict:
+    """The rollout rank's row; fails at once when a rank died instead of waiting out a timeout."""
+    import queue
+
+    while True:
+        try:
+            row = result_q.get(timeout=2)
+            break
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise SystemExit(f"a rank failed: exit codes {[p.exitcode for p in procs]}") from None
+    for p in procs:
+        p.join()
+    return row
+
+
 def one_gpu(shapes: list[str], reps: int, out: str | None) -> None:
     ctx = mp.get_context("spawn")
     rows = []
@@ -155,9 +173,7 @@ def one_gpu(shapes: list[str], reps: int, out: str | None) -> None:
                  for r in (0, 1)]
         for p in procs:
             p.start()
-        row = result_q.get(timeout=900)
-        for p in procs:
-            p.join()
+        row = _result(result_q, procs)
         row["gloo_over_ipc"] = row["gloo_s"] / row["ipc_s"]
         rows.append(row)
         print(f"weight sync {shape} on one GPU ({row['tensors']} tensors, {row['bytes'] / 1e9:.3f} GB): "
