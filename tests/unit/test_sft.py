@@ -56,8 +56,8 @@ def test_examples_from_parquet_and_jsonl_with_dotted_keys(builtin, tmp_path):
     parquet = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), parquet)
     jsonl = tmp_path / "b.jsonl"
-    jsonl.write_text("".join(json.dumps({"q": r["prompt"][0]["content"], "a": r["extra_info"]["answer"]}) + "\n"
-                             for r in ROWS))
+    jsonl.write_text("".join(json.dumps({"q": r["prompt"][0]["content"], "a": r["extra_info"]["answer"]})
+                             + "\n" for r in ROWS))
     examples, too_long = sft.load_examples([parquet], tok, "prompt", "extra_info.answer", 512)
     assert too_long == 0 and [e.index for e in examples] == [0, 1]
     assert tok.decode(examples[1].response_ids[:-1]) == "7654"
@@ -127,7 +127,8 @@ def test_an_sft_step_is_the_response_only_cross_entropy(builtin, tmp_path, packe
     expected = total / count  # token mean over the whole batch
 
     cfg = LearnerConfig(lr=1e-3, pack_sequences=packed, micro_batch_tokens=16)  # several micro-batches
-    learner = Learner(cfg, path, torch.device("cpu"), torch.float32, tmp_path / "ckpt", algorithm=SFT_ALGORITHM)
+    learner = Learner(cfg, path, torch.device("cpu"), torch.float32, tmp_path / "ckpt",
+                      algorithm=SFT_ALGORITHM)
     before = {k: v.clone() for k, v in learner.named_weights()}
     result = learner.train(TrainBatch(step=1, samples=sft_samples(examples, 0)))
     assert result.metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-5)
