@@ -1,11 +1,16 @@
-"""The GSM8K recipe's job through TRL's GRPOTrainer, for a side-by-side with rlfleet
-(docs/recipes/gsm8k-smollm2.md): same model folder, same Parquet prompts (chat messages), same
-reward function (rlfleet's gsm8k rule), same group size, prompts per step, temperature, response
-budget, learning rate and warmup, clip (0.2 / 0.28), no KL, token-mean loss; transformers
-`generate` (TRL's default without vLLM), one GPU. Stops after --max-steps or --wall-s seconds,
-whichever comes first, then saves the model for `rlfleet eval`.
+"""A recipe's job through TRL's GRPOTrainer, for a side-by-side with rlfleet
+(docs/recipes/gsm8k-smollm2.md, docs/recipes/arithmetic-smollm2.md): same model folder, same Parquet
+prompts (chat messages), the same reward rule as rlfleet would pick (the config's `reward.fn`, `auto`
+by data_source, scored by rlfleet's own reward core and told whether each completion was cut at the
+token budget), same group size, prompts per step, temperature, response budget, learning rate and
+warmup, clip (0.2 / 0.28), no KL, token-mean loss; transformers `generate` (TRL's default without
+vLLM), one GPU. Stops after --max-steps or --wall-s seconds, whichever comes first, then saves the
+model for `rlfleet eval`.
 
+    python bench/gsm8k_trl.py --config deploy/configs/arithmetic-smollm2-135m.yaml --out OUT_DIR
     python bench/gsm8k_trl.py --model MODEL_DIR --data train.parquet --out OUT_DIR [--wall-s 300]
+
+--model and --data default to the config's model.path and first data.train_files.
 """
 from __future__ import annotations
 
@@ -19,16 +24,43 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def make_reward(fn: str, eos_ids: set[int], rewards: list[float]):
+    """A TRL reward function scoring with rlfleet's reward core for `reward.fn=fn`, each completion told
+    whether it was cut at the budget; scored values are appended to `rewards`."""
+    from rlfleet.types import ScoreItem
+    from services.reward.scorer import RewardScorer
+
+    scorer = RewardScorer(fn)  # the rule rlfleet's reward service would use for this job
+
+    def finish_reason(ids: list[int]) -> str:
+        # TRL hands over each completion up to and including its first EOS; one that does not end on an
+        # EOS ran out of max_completion_length (rlfleet's rollout says "length" for the same).
+        return "stop" if ids and ids[-1] in eos_ids else "length"
+
+    def rlfleet_reward(prompts, completions, ground_truth, data_source, extra_info_json, completion_ids,
+                       **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        items = [ScoreItem(str(i), src, "", text, truth, json.loads(extra), finish_reason(list(ids)))
+                 for i, (src, text, truth, extra, ids)
+                 in enumerate(zip(data_source, texts, ground_truth, extra_info_json, completion_ids))]
+        scores = [r.score if r.ok else None for r in scorer.score(items)]  # None: TRL leaves it out
+        rewards.extend(s for s in scores if s is not None)
+        return scores
+
+    return rlfleet_reward
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True)
+    p.add_argument("--model", help="default: model.path of the config")
+    p.add_argument("--data", help="default: the first of data.train_files of the config")
     p.add_argument("--out", required=True)
     p.add_argument("--config", default="deploy/configs/gsm8k-smollm2-135m.yaml")
     p.add_argument("--max-steps", type=int, default=0, help="default: the config's controller.max_steps")
     p.add_argument("--wall-s", type=float, default=0.0,
                    help="stop after this many seconds of training (0: none)")
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, as rlfleet's")
     args = p.parse_args()
 
     import pyarrow.parquet as pq
@@ -38,21 +70,24 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from rlfleet.config import load_config
-    from services.reward.fns.gsm8k import compute_score
+    from services.reward.registry import rule_label
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.overrides)
+    args.model = args.model or cfg.model.path
+    args.data = args.data or (cfg.data.train_files[0] if cfg.data.train_files else None)
+    if not args.data:
+        p.error("--data is needed: the config has no data.train_files")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = pq.read_table(args.data).to_pylist()
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"],
-                                  "data_source": r["data_source"]} for r in rows])
+                                  "data_source": r["data_source"],
+                                  "extra_info_json": json.dumps(r.get("extra_info") or {})} for r in rows])
     rewards: list[float] = []
-
-    def gsm8k_reward(prompts, completions, ground_truth, data_source, **_):
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = [compute_score(s, t, g) for s, t, g in zip(data_source, texts, ground_truth)]
-        rewards.extend(scores)
-        return scores
+    print(json.dumps({"rules": {src: rule_label(cfg.reward.fn, src)
+                                for src in sorted({r["data_source"] for r in rows})}}), flush=True)
+    eos_ids: set[int] = set()  # filled once the trainer has read the model's generation config
+    rlfleet_reward = make_reward(cfg.reward.fn, eos_ids, rewards)
 
     start = time.time()
 
@@ -91,8 +126,9 @@ def main() -> None:
         disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    trainer = GRPOTrainer(model=args.model, reward_funcs=gsm8k_reward, args=config, train_dataset=dataset,
+    trainer = GRPOTrainer(model=args.model, reward_funcs=rlfleet_reward, args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Progress()])
+    eos_ids.update(trainer.eos_token_ids)  # what TRL itself stops generation on
     trainer.train()
     trainer.model.to(torch.float32).save_pretrained(out / "model")
     tokenizer.save_pretrained(out / "model")

@@ -22,6 +22,7 @@ _LEARNER = "services.learner.algorithms"
 POLICY_LOSSES: Registry[Any] = Registry("policy loss")
 POLICY_LOSSES.register_path("ppo_clip", f"{_LEARNER}.policy_losses:ppo_clip")
 POLICY_LOSSES.register_path("gspo", f"{_LEARNER}.policy_losses:gspo")
+POLICY_LOSSES.register_path("nll", f"{_LEARNER}.policy_losses:nll")  # rlfleet sft
 
 # (logprobs, ref_logprobs) -> per-token KL estimate (services/learner/algorithms/kl.py)
 KL_ESTIMATORS: Registry[Any] = Registry("KL estimator")

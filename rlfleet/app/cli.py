@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from rlfleet.app import config_show, eval_command, health_cli, plot
+from rlfleet.app import config_show, eval_command, health_cli, plot, sft_command
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reward_parser(sub)
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
+    sft_command.add_parser(sub)
     model_command.add_parser(sub)
     plot.add_parser(sub)
     health_cli.add_parser(sub)
@@ -108,6 +109,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return data_command.run(args)
     elif args.command == "eval":
         return eval_command.run(args)
+    elif args.command == "sft":
+        return sft_command.run(args)
     elif args.command == "model":
         return model_command.run(args)
     elif args.command == "plot":

@@ -110,3 +110,26 @@ def test_a_hanging_and_a_crashing_item_fail_alone_and_the_service_keeps_serving(
     finally:
         scorer.close()
         stop(running)
+
+
+def test_finish_reason_reaches_the_rule_over_grpc_and_through_the_worker_pool(auto_reward_server):
+    """A response cut at the budget ('length') is never credited by the arithmetic rule: the finish reason
+    travels in the request (ScoreItem.finish_reason) to the function; absent, the response counts as
+    finished (servers and callers that do not know it)."""
+    stub = reward_pb2_grpc.RewardStub(auto_reward_server.channel)
+    items = [reward_pb2.ScoreItem(id=i, data_source="rlfleet/arithmetic", response="2 + 3 = 5",
+                                  ground_truth="5", finish_reason=reason)
+             for i, reason in (("stop", "stop"), ("cut", "length"), ("unknown", ""))]
+    reply = stub.Score(reward_pb2.ScoreRequest(items=items), timeout=TIMEOUT)
+    assert [(r.id, r.score) for r in reply.results] == [("stop", 1.0), ("cut", 0.0), ("unknown", 1.0)]
+
+    from rlfleet.types import ScoreItem
+    from services.reward.isolation import IsolatedScorer
+
+    pool = IsolatedScorer("auto", workers=1, item_timeout_s=30)  # what the reward service scores with
+    try:
+        results = pool.score([ScoreItem("a", "rlfleet/arithmetic", "p", "5", "5", finish_reason="length"),
+                              ScoreItem("b", "rlfleet/arithmetic", "p", "5", "5", finish_reason="stop")])
+    finally:
+        pool.close()
+    assert [r.score for r in results] == [0.0, 1.0]

@@ -22,3 +22,18 @@ def test_table_ratio_is_against_trl():
     fast = ArmResult("rlfleet-async", [StepRecord(1, 0.0, 1, 10), StepRecord(2, 0.5, 1, 10)], 5.0)
     table = format_table([fast, trl], warmup=1)
     assert "| 2.00x |" in table and "| 1.00x |" in table
+
+
+def test_trl_arm_scores_with_rlfleets_rule_and_knows_truncation():
+    # bench/gsm8k_trl.py's reward: rlfleet's core for reward.fn, a completion not ending on an EOS is cut
+    from bench.gsm8k_trl import make_reward
+
+    eos, rewards = {2}, []
+    reward = make_reward("auto", eos, rewards)
+    scores = reward(
+        prompts=["p"] * 3, completions=[[{"content": "#### 5"}]] * 3, ground_truth=["5", "5", "6"],
+        data_source=["rlfleet/arithmetic", "rlfleet/arithmetic", "openai/gsm8k"],
+        extra_info_json=["{}"] * 3, completion_ids=[[7, 8, 2], [7, 8, 9], [7, 2]],
+    )
+    # ended on EOS: 1; cut at the budget: 0 (arithmetic never credits it); gsm8k (verl strict) wrong: 0
+    assert scores == [1.0, 0.0, 0.0] and rewards == scores

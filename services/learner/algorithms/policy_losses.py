@@ -99,3 +99,18 @@ def gspo(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advantages_
     log_ratio_B_T = logp - logp.detach() + seq_log_ratio_B.unsqueeze(-1)
     log_ratio_B_T = torch.where(keep, log_ratio_B_T, 0.0).clamp(max=SEQ_LOG_RATIO_CLAMP)
     return clipped_surrogate(torch.exp(log_ratio_B_T), adv, clip)
+
+
+def nll(logprobs_B_T: torch.Tensor, old_logprobs_B_T: torch.Tensor, advantages_B_T: torch.Tensor,
+        mask_B_T: torch.Tensor, clip: ClipSettings) -> PolicyTerms:
+    """Advantage-weighted negative log-likelihood ``-A_t * logp_t``, no ratio and no clip.
+
+    With every advantage 1 this is supervised fine-tuning's loss (`rlfleet sft`: token-mean over the
+    response tokens); otherwise it is plain REINFORCE on the current policy's samples. ``old_logprobs``
+    are not read (the ratio is reported as 1).
+    """
+    logp, _, adv, keep = _checked(logprobs_B_T, old_logprobs_B_T, advantages_B_T, mask_B_T)
+    loss_B_T = torch.where(keep, -adv * logp, 0.0)
+    never_B_T = torch.zeros_like(keep)
+    return PolicyTerms(loss_B_T=loss_B_T, ratio_B_T=torch.ones_like(logp), clipped_B_T=never_B_T,
+                       dual_clipped_B_T=never_B_T)
