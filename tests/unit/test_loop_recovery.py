@@ -117,7 +117,7 @@ class FakeLearner:
     def status(self) -> ServiceStatus:
         return ServiceStatus("learner", True, self.version)
 
-    def open_weight_group(self, world_size, timeout_s):
+    def open_weight_group(self, world_size, timeout_s, placements=None):
         return "fake-group:4", "gloo"
 
     def push_weights(self, version, timeout_s, digest=False):
