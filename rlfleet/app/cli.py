@@ -110,7 +110,7 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "eval":
         return eval_command.run(args)
     elif args.command == "sft":
-        return sft_command.run(args)
+        return sft_command.run(args, args.argv)
     elif args.command == "model":
         return model_command.run(args)
     elif args.command == "plot":
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `rlfleet sft` restarts itself under torchrun
     try:
         return dispatch(args)
     except Interrupted as exc:

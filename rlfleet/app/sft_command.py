@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlfleet.errors import ConfigError
+from rlfleet.errors import ConfigError, DataError, RlfleetError
 
 RESPONSE_KEY = "extra_info.answer"  # where `rlfleet data gsm8k|arithmetic` keep the worked answer
 
@@ -69,10 +69,11 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-length must be at least 2, not {args.max_length}")
 
 
-def _under_torchrun(world_size: int) -> int:
-    """Runs this same command again under torchrun, one process per learner rank; its exit code."""
+def _under_torchrun(world_size: int, argv: list[str]) -> int:
+    """Runs this same command (`argv`, without the program) again under torchrun, one process per
+    learner rank; its exit code."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
-           "-m", "rlfleet.app.cli", *sys.argv[1:]]
+           "-m", "rlfleet.app.cli", *argv]
     print(f"rlfleet: sft with learner.world_size={world_size}: starting {world_size} ranks under torchrun",
           flush=True)
     return subprocess.call(cmd)
@@ -86,7 +87,8 @@ def _output_ready(output: Path, resume: str | None) -> None:
     output.mkdir(parents=True, exist_ok=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """`argv`: the command line (without the program), to start the ranks with under torchrun."""
     from rlfleet.config import load_config
     from services.learner.distributed import torchrun_env
 
@@ -94,21 +96,24 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     world_size = cfg.learner.world_size
     if world_size > 1 and torchrun_env() is None:
-        return _under_torchrun(world_size)
-    world = None
-    if world_size > 1:
-        from services.learner.distributed import exit_learner_world, init_learner_world
+        return _under_torchrun(world_size, argv)
+    if world_size == 1:
+        return _train(args, cfg, None)
+    from services.learner.distributed import exit_learner_world, init_learner_world
 
-        world = init_learner_world(world_size, cfg.learner.device, 0, timeout_s=1800.0)
+    world = init_learner_world(world_size, cfg.learner.device, 0, timeout_s=1800.0)
     try:
         code = _train(args, cfg, world)
-    except BaseException:
-        if world is not None:
-            raise SystemExit(1) from None  # torchrun stops the other ranks
-        raise
-    if world is not None:
-        exit_learner_world(code)
-    return code
+    except BaseException as exc:  # noqa: BLE001 - a rank that fails says why and leaves; torchrun stops the rest
+        import os
+        import traceback
+
+        if isinstance(exc, RlfleetError):
+            print(f"rlfleet: error (sft rank {world.rank}): {exc}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
+        os._exit(2 if isinstance(exc, RlfleetError) else 1)
+    exit_learner_world(code)
 
 
 def _plan(args: argparse.Namespace, cfg, rank0: bool):
@@ -137,6 +142,10 @@ def _plan(args: argparse.Namespace, cfg, rank0: bool):
               f"{f' ({too_long} longer than {max_length} tokens left out)' if too_long else ''}: "
               f"{max_steps} steps of {args.batch_size}", flush=True)
     val_files = [Path(f) for f in (args.val_data or cfg.data.val_files)]
+    for f in val_files:  # before any training, not at the first evaluation
+        if not f.is_file():
+            where = "--val-data" if args.val_data else "data.val_files"
+            raise DataError(f"validation file {f} ({where}) does not exist")
     return SftPlan(output=Path(args.output), model_path=model_path, examples=examples,
                    batch_size=args.batch_size, max_steps=max_steps, eval_every=args.eval_every,
                    save_every=args.save_every, val_files=val_files, prompt_key=prompt_key,

@@ -1,5 +1,6 @@
-"""`rlfleet model import` of a real GGUF (SmolLM2-135M-Instruct), its one-line errors, and the GSM8K
-recipe (deploy/configs/gsm8k-smollm2-135m.yaml) run for 2 steps on CPU with that model."""
+"""`rlfleet model import` of a real GGUF (SmolLM2-135M-Instruct), its one-line errors, the GSM8K
+recipe (deploy/configs/gsm8k-smollm2-135m.yaml) run for 2 steps on CPU with that model, and `rlfleet sft`
+on that model with the arithmetic recipe's data and config."""
 from __future__ import annotations
 
 import json
@@ -109,6 +110,43 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     assert after.returncode == 0, after.stderr[-3000:]
     assert json.loads((tmp_path / "after.json").read_text())["model"].endswith("step_2")
     assert rlfleet("plot", str(run_dir)).returncode == 0
+
+
+def test_arithmetic_sft_on_smollm2_cpu(smollm2: Path, tmp_path: Path) -> None:
+    """A real chat template (ChatML): the SFT responses are the worked answers ending at <|im_end|>; two
+    SFT steps from the real model, and `rlfleet eval` takes the folder it writes."""
+    from transformers import AutoTokenizer
+
+    from rlfleet.data.sft import load_examples
+
+    data = tmp_path / "data"
+    for rows, split in (("8", "train"), ("4", "test")):
+        proc = rlfleet("data", "arithmetic", "--output", str(data / f"{split}.parquet"), "--rows", rows,
+                       "--split", split)
+        assert proc.returncode == 0, proc.stderr
+    tok = AutoTokenizer.from_pretrained(smollm2)
+    examples, _ = load_examples([data / "train.parquet"], tok, "prompt", "extra_info.answer", 1024, [2])
+    for e in examples:
+        assert e.response_ids[-1] == 2 and 2 not in e.response_ids[:-1]  # <|im_end|>, once, at the end
+        assert tok.decode(e.prompt_ids).endswith("<|im_start|>assistant\n")
+        assert "####" in tok.decode(e.response_ids[:-1])
+    config = str(REPO / "deploy" / "configs" / "arithmetic-smollm2-135m.yaml")
+    settings = ["rollout.max_new_tokens=16", "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
+    out = tmp_path / "sft"
+    proc = rlfleet("sft", "--config", config, "--model", str(smollm2), "--data", str(data / "train.parquet"),
+                   "--output", str(out), "--max-steps", "2", "--batch-size", "4", "--val-data",
+                   str(data / "test.parquet"), *settings, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1, 2] and all(m["sft/loss"] > 0 for m in lines)
+    assert "val/rlfleet/arithmetic/accuracy" in lines[-1]  # evaluated after the last step
+    assert lines[0]["actor/lr"] == pytest.approx(2e-5 / 11)  # the config: lr 2e-5, 10 warmup steps
+    evaluated = rlfleet("eval", "--config", config, "--model", str(out / "model"), "--data",
+                        str(data / "test.parquet"), "--output", str(tmp_path / "eval.json"), *settings,
+                        timeout=900)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["by_source"]["rlfleet/arithmetic"]["prompts"] == 4
 
 
 def test_import_of_an_hf_folder(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -88,10 +88,22 @@ def test_sft_with_lora_writes_the_merged_model(tmp_path, data):
     evaluated = rlfleet("eval", "--model", str(out / "model"), "--data", str(val), "--output",
                         str(tmp_path / "eval.json"), "rollout.max_new_tokens=8", timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    # and `rlfleet run` trains from it (model.path): the built-in task, one GRPO step
+    run = rlfleet("run", f"model.path={out / 'model'}", f"data.train_files=[{train}]",
+                  f"run.output_dir={tmp_path / 'runs'}", "run.name=from-sft", "controller.max_steps=1",
+                  "controller.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=8", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [m["step"] for m in read_jsonl(tmp_path / "runs" / "from-sft" / "metrics.jsonl")] == [1]
 
 
 def test_sft_bad_input_is_one_clear_line(tmp_path, data):
     train, _ = data
+    missing = rlfleet("sft", "--data", str(train), "--output", str(tmp_path / "v"), "--model", "builtin:tiny",
+                      "--response-key", "reward_model.ground_truth",
+                      f"data.val_files=[{tmp_path / 'no.parquet'}]")
+    assert missing.returncode == 2 and not (tmp_path / "v" / "metrics.jsonl").exists()  # before training
+    assert missing.stderr.strip() == (f"rlfleet: error: validation file {tmp_path / 'no.parquet'} "
+                                      "(data.val_files) does not exist")
     proc = rlfleet("sft", "--data", str(train), "--output", str(tmp_path / "o"), "--model", "builtin:tiny",
                    "--response-key", "extra_info.solution")
     assert proc.returncode == 2

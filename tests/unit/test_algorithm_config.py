@@ -56,7 +56,7 @@ def test_bad_values_name_the_key(override: str, match: str) -> None:
 
 
 @pytest.mark.parametrize(("registry", "names"), [
-    (POLICY_LOSSES, ["gspo", "ppo_clip"]),
+    (POLICY_LOSSES, ["gspo", "nll", "ppo_clip"]),
     (LOSS_AGGREGATIONS,
      ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean"]),
     (KL_ESTIMATORS, ["k1", "k2", "k3"]),
@@ -72,7 +72,7 @@ def test_every_built_in_name_loads_its_unit_from_its_role(registry, names) -> No
 
 
 @pytest.mark.parametrize(("key", "kind", "known"), [
-    ("algorithm.policy_loss", "policy loss", "gspo, ppo_clip"),
+    ("algorithm.policy_loss", "policy loss", "gspo, nll, ppo_clip"),
     ("algorithm.loss_agg", "loss aggregation", "seq-mean-token-sum-norm, token-mean"),
     ("algorithm.kl_estimator", "KL estimator", "k1, k2, k3"),
     ("algorithm.off_policy", "off-policy correction", "decoupled, none, tis"),
