@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import torch
 
-from rlfleet.errors import VersionMismatch, WeightSyncError
+from rlfleet.errors import WeightSyncError
 from rlfleet.weights.group import WeightGroup
 from rlfleet.weights.manifest import (FLAG_CHECKSUMS, HEADER_WORDS, Manifest, checksum, decode_header,
                                       dtype_from_name, dtype_name, encode_header)
@@ -203,19 +203,7 @@ class IpcWeightReceiver(WeightReceiver):
         group.all_reduce_sum(torch.tensor([1 if error else 0], dtype=torch.int64))
         if error is not None:
             raise error
-        pairs = None
-        if sums is not None:
-            words = sums.tolist()
-            pairs = [(words[2 * i], words[2 * i + 1]) for i in range(nbuckets)]
-        manifest = layout.with_push(version, pairs)
-        if expected_version is not None and version != expected_version:
-            raise VersionMismatch(f"expected weights version {expected_version}, learner sent {version}")
-        if pairs is not None:
-            bad = [i for i, (spec, buf) in enumerate(zip(manifest.buckets, buckets))
-                   if checksum(buf) != spec.checksum]
-            if bad:
-                raise WeightSyncError(f"weights version {version}: checksum mismatch in bucket(s) {bad}")
-        return ReceivedWeights(version, dict(tensors), manifest, manifest.total_bytes, buckets)
+        return self._verified(version, expected_version, layout, sums, buckets, tensors)
 
     def _copy_out(self, digest: tuple[int, ...], layout: Manifest,
                   export: bytes | None) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:

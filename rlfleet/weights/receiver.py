@@ -72,10 +72,16 @@ class WeightReceiver:
         works += [group.start_broadcast(buf.view(torch.uint8)) for buf in buckets if buf.numel()]
         for work in works:
             group.finish(work)
+        return self._verified(version, expected_version, layout, sums, buckets, tensors)
+
+    @staticmethod
+    def _verified(version: int, expected_version: int | None, layout: Manifest, sums: torch.Tensor | None,
+                  buckets: list[torch.Tensor], tensors: dict[str, torch.Tensor]) -> ReceivedWeights:
+        """The received version, once its number and (when sent) its bucket checksums are checked."""
         pairs = None
         if sums is not None:
             words = sums.tolist()
-            pairs = [(words[2 * i], words[2 * i + 1]) for i in range(nbuckets)]
+            pairs = [(words[2 * i], words[2 * i + 1]) for i in range(len(layout.buckets))]
         manifest = layout.with_push(version, pairs)
         if expected_version is not None and version != expected_version:
             raise VersionMismatch(f"expected weights version {expected_version}, learner sent {version}")

@@ -11,19 +11,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from tests.gpu.push_weights import push_weights
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def _weights(version: int, layers: int, device: torch.device) -> list[tuple[str, torch.Tensor]]:
-    g = torch.Generator(device=device).manual_seed(version)
-    out = [("embed", torch.randn(1000, 64, generator=g, device=device).bfloat16())]
-    for i in range(layers):
-        out += [(f"l{i}.w", torch.randn(64, 64, generator=g, device=device).bfloat16()),
-                (f"l{i}.b", torch.randn(64, generator=g, device=device)),  # a second dtype
-                (f"l{i}.wt", torch.randn(32, 64, generator=g,
-                                         device=device).bfloat16().t())]  # non-contiguous
-    return out + [("step", torch.tensor(version, device=device))]
 
 
 # (version pushed, version the receiver expects, layers): the layout changes at v3, v4 is unexpected
@@ -51,7 +42,7 @@ def _rank(rank: int, address_q, out_q, token: str | None, joiner_token: str | No
             receiver = IpcWeightReceiver(group, device) if rank else None
             for version, expected, layers in PLAN:
                 if sender is not None:
-                    named = _weights(version, layers, device)
+                    named = push_weights(version, layers, device)
                     stats = sender.push(named, version)
                     results.append((weights_digest(named), stats["manifest_bytes"] > 0, stats["transport"]))
                 else:

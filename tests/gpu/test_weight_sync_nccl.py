@@ -10,19 +10,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from tests.gpu.push_weights import push_weights
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
-
-
-def _weights(version: int, layers: int, device: torch.device) -> list[tuple[str, torch.Tensor]]:
-    g = torch.Generator(device=device).manual_seed(version)
-    out = [("embed", torch.randn(1000, 64, generator=g, device=device).bfloat16())]
-    for i in range(layers):
-        out += [(f"l{i}.w", torch.randn(64, 64, generator=g, device=device).bfloat16()),
-                (f"l{i}.b", torch.randn(64, generator=g, device=device)),  # a second dtype
-                (f"l{i}.wt", torch.randn(32, 64, generator=g,
-                                         device=device).bfloat16().t())]  # non-contiguous
-    return out + [("step", torch.tensor(version, device=device))]
 
 
 PLAN = [(1, 30), (2, 30), (3, 30), (4, 31), (5, 31)]  # (version, layers): the layout changes at v4
@@ -46,7 +37,7 @@ def _rank(rank: int, address_q, out_q, token) -> None:
         receiver = WeightReceiver(group, reuse_buffers=True) if rank else None
         for version, layers in PLAN:
             if sender is not None:
-                named = _weights(version, layers, device)
+                named = push_weights(version, layers, device)
                 stats = sender.push(named, version)
                 results.append((weights_digest(named), stats["manifest_bytes"]))
             else:
