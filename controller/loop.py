@@ -27,6 +27,7 @@ from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
+from controller.fleet import LEAVING, Fleet, Member
 from controller.groups import ScoredGroup, score_items
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion
@@ -54,18 +55,31 @@ class ScoredGroupInput:
     replica: str
 
 
+class Leaving(Exception):
+    """A member's generation thread ends: the member is leaving or left the fleet."""
+
+
+MAX_SCORING_THREADS = 8
+
+
 class GRPOLoop:
     def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient | list[RolloutClient],
                  reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
                  evaluator: PeriodicEval | None = None, journal: Journal | None = None,
-                 resume: ControllerState | None = None):
+                 resume: ControllerState | None = None, fleet: Fleet | None = None):
         self.cfg = cfg
         self.source = source
-        # Every replica has a generation thread that asks for work when it is free, which spreads
-        # groups by load; all of them take each new version in one broadcast.
+        # Every member of the fleet has a generation thread that asks for work when it is free, which
+        # spreads groups by load; all of them take each new version in one broadcast. Members join
+        # and leave while the run goes on (controller/fleet.py).
         self.rollouts = rollout if isinstance(rollout, list) else [rollout]
+        self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
+        self.fleet.on_live = self._start_generation
+        self.fleet.on_change = self._wake
+        self._threads: list[threading.Thread] = []
+        self._empty_since: float | None = None  # since when no replica is live (bounded wait)
         self.rollout, self.reward, self.learner = self.rollouts[0], reward, learner
         self.writer = writer
         self.stop = stop or threading.Event()
@@ -117,8 +131,12 @@ class GRPOLoop:
         self._note("resumed", step=state.step, version=state.policy_version, requeued=len(self._live))
 
     def _note(self, event: str, **fields: Any) -> None:
-        if self.journal is not None:
+        if getattr(self, "journal", None) is not None:
             self.journal.record(event, **fields)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def snapshot(self, step: int, version: int) -> ControllerState:
         """The controller's state right now, for the checkpoint of `step`."""
@@ -132,10 +150,13 @@ class GRPOLoop:
             return ControllerState(step, version, self._seq, source_state(self.source), requeue)
 
     # ---- generation side ----------------------------------------------------------------------
-    def _admit(self) -> Dispatch:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request."""
+    def _admit(self, member: Member) -> Dispatch:
+        """Blocks until the gate admits work (or a re-queued request waits); returns the request.
+        Leaving when `member` takes no more work."""
         with self._cond:
             while not self.stop.is_set():
+                if not member.takes_work():
+                    raise Leaving(member.address)
                 paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
                 if self._requeue and not paused:
                     return self._requeue.popleft()  # already admitted; its slots are counted
@@ -152,10 +173,25 @@ class GRPOLoop:
                 self._cond.wait(0.5)
         raise Stopped("stopping")
 
-    def _generate_forever(self, rollout: RolloutClient) -> None:
+    def _start_generation(self, member: Member) -> None:
+        thread = threading.Thread(target=self._generate_forever, args=(member,),
+                                  name=f"generation-{member.name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        scorers = sum(t.name.startswith("scoring-") for t in self._threads)
+        if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
+            self._start_scoring(scorers)
+
+    def _start_scoring(self, index: int) -> None:
+        thread = threading.Thread(target=self._score_forever, name=f"scoring-{index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _generate_forever(self, member: Member) -> None:
+        rollout = member.client
         try:
             while not self.stop.is_set():
-                dispatch = self._admit()
+                dispatch = self._admit(member)
                 prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
@@ -168,6 +204,8 @@ class GRPOLoop:
                 try:
                     for group in rollout.generate(requests, params):
                         seq, prompt = pending.pop(group.request_id)
+                        member.groups += 1
+                        member.finished += member.state == LEAVING
                         self._note("generated", seq=seq,
                                    version=min(c.policy_version for c in group.completions),
                                    replica=rollout.address)
@@ -180,11 +218,19 @@ class GRPOLoop:
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
                     if self.stop.is_set():  # the stream was cut by the loop's own exit
                         return
+                    if member.joined or not member.takes_work():  # an elastic member leaves instead
+                        member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
+                                                                    "replica_left", exc)
+                        if member.state != LEAVING:
+                            self.fleet.remove(member, "failed")
+                        return
                     self.recovery.rollout_failed(rollout, dispatch, pending, exc)
-        except Stopped:
+        except (Stopped, Leaving):
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             self._fail(exc)
+        finally:
+            self.fleet.thread_ended(member)
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
@@ -245,7 +291,9 @@ class GRPOLoop:
                 if self.stop.is_set():
                     raise Stopped("stopping")
                 if not self._buffer:
-                    if self.recovery.resync_pending():  # a replica came back: rebuild the group, unlocked
+                    self._check_fleet_not_empty()
+                    # a replica came back, joined or left: rebuild the group now, unlocked
+                    if self.recovery.resync_pending() or self.fleet.reform_pending():
                         self._cond.release()
                         try:
                             self.recovery.service_pending(train_version)
@@ -271,6 +319,29 @@ class GRPOLoop:
                 self._admitted -= 1
                 self._cond.notify_all()
         return batch, dropped
+
+    def _check_fleet_not_empty(self) -> None:
+        """With no replica live (all left), the run waits for one to join, controller.service_wait_s
+        at most."""
+        if self.fleet.members():
+            self._empty_since = None
+            return
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+            log.warning("no rollout replica left in the fleet; waiting for one to join",
+                        wait_s=self.cfg.controller.service_wait_s)
+        elif now - self._empty_since > self.cfg.controller.service_wait_s:
+            raise ServiceUnavailable(f"no rollout replica in the fleet for controller.service_wait_s="
+                                     f"{self.cfg.controller.service_wait_s:g}s: add one with "
+                                     "`rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
+
+    def _generate_for_eval(self, prompts, params):
+        """Evaluation generates on a live member (the first replica may have left)."""
+        live = [m for m in self.fleet.live() if m.takes_work()] or self.fleet.live()
+        if not live:
+            raise ServiceUnavailable("no rollout replica in the fleet to evaluate with")
+        return live[0].client.generate(prompts, params)
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
         dropped[reason] += 1
@@ -317,14 +388,11 @@ class GRPOLoop:
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
-                0, 0, self.rollout.generate, self.reward.score)})
-        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
-                                        daemon=True)
-                       for i, r in enumerate(self.rollouts)]
-        gen_threads += [threading.Thread(target=self._score_forever, name=f"scoring-{i}", daemon=True)
-                        for i in range(len(self.rollouts))]
-        for thread in gen_threads:
-            thread.start()
+                0, 0, self._generate_for_eval, self.reward.score)})
+        self.fleet.commit(self.fleet.weight_members(), self._start_version)  # the initial group
+        for member in self.fleet.members():
+            self._start_generation(member)
+        self.fleet.watch(self.stop)  # joined members that stop answering leave within seconds
         version = self._start_version
         try:
             for step in range(self._start_step + 1, cc.max_steps + 1):
@@ -358,9 +426,10 @@ class GRPOLoop:
                     metrics["reward/failed_groups"] = float(self._failed["groups"])
                     self._failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
+                metrics.update(self.fleet.metrics())  # fleet/replicas, fleet/joins, fleet/leaves
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
-                                                            self.rollout.generate,
+                                                            self._generate_for_eval,
                                                             self.reward.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
@@ -379,7 +448,7 @@ class GRPOLoop:
             with self._cond:
                 for seq in sorted(self._live):  # the last controller state re-queues them on resume
                     self._note("requeued", seq=seq, reason="stopped")
-            for thread in gen_threads:
+            for thread in list(self._threads):
                 thread.join(timeout=5)
             self.sync.close()
         return self.last_metrics

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 import threading
 
-from rlfleet.app import config_show, eval_command, health_cli, plot
+from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import RlfleetError
@@ -30,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--name", help="name in logs and in RUN_DIR/services/ (default: the role; "
                        "rollout replicas are rollout, rollout-1, …)")
     serve.add_argument("--index", type=int, default=0, help="replica index: picks the GPU under device=auto")
+    serve.add_argument("--join", metavar="CONTROLLER_HOST:PORT", help="rollout only: join the fleet of a "
+                       "running job (the controller's address is in `rlfleet status RUN_DIR --json`)")
+    serve.add_argument("--advertise", metavar="HOST[:PORT]", help="with --join: the address the controller "
+                       "reaches this replica at (default: rollout.host, or this machine's name when it "
+                       "binds 0.0.0.0)")
     _config_args(serve)
     _config_args(sub.add_parser("controller", help="run the GRPO loop against running services "
                                 "(rollout.address=… reward.address=… learner.address=…)"))
@@ -50,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_parser(sub)
     health_cli.add_parser(sub)
     config_show.add_parser(sub)
+    fleet_cli.add_parser(sub)
     return parser
 
 
@@ -79,8 +86,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.launch import run_job
         run_job(_load(args))
     elif args.command == "serve":
-        from rlfleet.app.serve import SERVERS
-        SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
+        from rlfleet.app.serve import SERVERS, serve_rollout
+        if args.join and args.role != "rollout":
+            raise RlfleetError("--join is for `rlfleet serve rollout` only")
+        if args.join:  # a joiner's default name cannot collide with the run's own replicas
+            serve_rollout(_load(args), name=args.name or f"rollout-{os.getpid()}", index=args.index,
+                          join=args.join, advertise=args.advertise)
+        else:
+            SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
         missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
@@ -117,6 +130,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_reward_command(args)
     elif args.command == "health":
         return health_cli.run(args, _security_of(getattr(args, "config", None)))
+    elif args.command == "fleet":
+        return fleet_cli.run(args, _security_of(args.config, args.run))
     elif args.command == "config":
         return config_show.run(args)
     elif args.command == "build-model":
