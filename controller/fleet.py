@@ -17,6 +17,7 @@ threads: every change happens under its lock; the loop reads snapshots.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any
 import structlog
 
 from rlfleet.errors import FleetRefused, RlfleetError
+from rlfleet.models.identity import difference, identity_of
 from controller.clients import RolloutClient
 
 log = structlog.get_logger(__name__)
@@ -57,15 +59,16 @@ class Member:
 
 
 class Fleet:
-    def __init__(self, initial: list[RolloutClient], *, identity: str | None = None, summary: str = "",
+    def __init__(self, initial: list[RolloutClient], *, architecture: dict | None = None, summary: str = "",
                  connect: Callable[[str], RolloutClient] | None = None,
                  note: Callable[..., None] = lambda event, **fields: None,
                  heartbeat_s: float = 1.0, max_misses: int = 2):
-        """`initial`: the replicas the run started with; `identity`/`summary`: the run's model
-        (rlfleet.models.identity), which a joiner must share; `connect`: a client to a joiner's
+        """`initial`: the replicas the run started with; `architecture`/`summary`: the run's model
+        (rlfleet.models.identity), whose identity a joiner must share; `connect`: a client to a joiner's
         address (waits until it serves); `note`: the journal; a joined member that misses
         `max_misses` heartbeats in a row (`heartbeat_s` apart) is taken for dead."""
-        self.identity, self.summary = identity, summary
+        self.architecture, self.summary = architecture, summary
+        self.identity = identity_of(architecture) if architecture is not None else None
         self._connect = connect
         self._note = note
         self.heartbeat_s, self.max_misses = heartbeat_s, max_misses
@@ -74,6 +77,7 @@ class Fleet:
         for index, client in enumerate(initial):
             self._members[client.address] = Member("rollout" if index == 0 else f"rollout-{index}", client,
                                                    joined=False)
+        self._departed: dict[str, str] = {}  # address -> why it left (a drained replica reads it and stops)
         self.joins = 0
         self.leaves = 0
         # who the weight group holds now (members by identity); another set asks for a re-form
@@ -103,15 +107,15 @@ class Fleet:
                 "fleet/leaves": float(self.leaves)}
 
     # ---- joining ------------------------------------------------------------------------------
-    def join(self, address: str, name: str, identity: str, summary: str) -> Member:
+    def join(self, address: str, name: str, identity: str, summary: str = "",
+             architecture: str = "") -> Member:
         """Accepts the replica at `address` (FleetRefused: another model); it takes work once the
         next re-formed weight group gave it the current version."""
         if self._connect is None or self.identity is None:
             raise FleetRefused("this controller does not take joining replicas")
         if identity != self.identity:
-            raise FleetRefused(f"replica {name} at {address} serves a different model "
-                               f"({summary or identity}) than this run ({self.summary or self.identity}): "
-                               "start it with the run's model.path")
+            raise FleetRefused(f"it serves a different model than this run: {self._difference(architecture)} "
+                               f"(start it with the run's model.path)")
         with self._lock:
             old = self._members.get(address)
         if old is not None:  # back after a restart the heartbeat has not noticed yet: it starts afresh
@@ -121,19 +125,29 @@ class Fleet:
             client.status(timeout_s=5.0)
         except RlfleetError as exc:
             client.close()
-            raise FleetRefused(f"the controller cannot call replica {name} at {address} ({exc}): does it use "
-                               "this job's security settings?") from None
+            raise FleetRefused(f"the controller cannot call it back ({exc}): does it use this job's security "
+                               "settings?") from None
         with self._lock:
             taken = {m.name for m in self._members.values()}
             if not name or name in taken:
                 name = next(f"rollout-{i}" for i in range(1, 10_000) if f"rollout-{i}" not in taken)
             member = Member(name, client, joined=True, state=JOINING, served=False)
             self._members[address] = member
+            self._departed.pop(address, None)
         self._note("join_accepted", replica=address, name=name)
         log.info("replica accepted; it gets the current weights at the next version boundary",
                  replica=address, name=name)
         self._changed()
         return member
+
+    def _difference(self, architecture: str) -> str:
+        try:
+            theirs = json.loads(architecture)
+        except ValueError:
+            theirs = None
+        if isinstance(theirs, dict) and self.architecture is not None:
+            return difference(self.architecture, theirs)
+        return "its architecture or tokenizer differs"
 
     def commit(self, synced: list[Member], version: int) -> None:
         """A re-formed group served `version` to `synced`: joiners among them go live; members that
@@ -202,6 +216,9 @@ class Fleet:
             if self._members.get(member.address) is not member or member.gone.is_set():
                 return
             del self._members[member.address]
+            self._departed[member.address] = reason
+            while len(self._departed) > 1000:
+                del self._departed[next(iter(self._departed))]
             member.gone.set()
             self.leaves += member.served
         member.client.close()
@@ -254,5 +271,10 @@ class Fleet:
         return thread
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"name": m.name, "address": m.address, "state": m.state, "joined": m.joined,
-                 "groups": m.groups, "since": m.since} for m in self.members()]
+        """The members, then those that left (state `left: <reason>`; a drained replica stops on it)."""
+        with self._lock:
+            departed = dict(self._departed)
+        return [*({"name": m.name, "address": m.address, "state": m.state, "joined": m.joined,
+                   "groups": m.groups, "since": m.since} for m in self.members()),
+                *({"name": "", "address": a, "state": f"left: {why}", "joined": True, "groups": 0,
+                   "since": 0.0} for a, why in departed.items())]

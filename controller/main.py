@@ -14,7 +14,7 @@ from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
-from rlfleet.models.identity import model_identity, model_summary
+from rlfleet.models.identity import architecture, model_summary
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
@@ -120,7 +120,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, 30.0),
                        security=security)
         # Replicas may join while it runs (`rlfleet serve rollout --join`): same model, same token.
-        fleet = Fleet(rollout, identity=model_identity(model_dir), summary=model_summary(model_dir),
+        fleet = Fleet(rollout, architecture=architecture(model_dir), summary=model_summary(model_dir),
                       connect=lambda address: RolloutClient(address, **join_kw), note=journal.record)
         try:
             loop = GRPOLoop(cfg, source, rollout, reward, learner, writer, stop=stop, on_step=step_done,

@@ -38,7 +38,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     def GetRunStatus(self, request, context):
         loop = self._loop()
         last = getattr(loop, "last_metrics", {}) or {}
-        members = loop.fleet.describe() if loop is not None else []
+        described = loop.fleet.describe() if loop is not None else []
+        members = [m for m in described if not m["state"].startswith("left")]
         services = {**self.services, **{m["name"]: m["address"] for m in members}}
         if loop is not None:  # replicas that left are no longer the run's
             started = {m["address"] for m in members}
@@ -51,14 +52,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             last_metrics={**{k: float(v) for k, v in last.items() if isinstance(v, (int, float))},
                           **({"controller/buffered_groups": float(loop.buffered())}
                              if loop is not None else {})},
-            fleet=[controller_pb2.FleetMember(**m) for m in members])
+            fleet=[controller_pb2.FleetMember(**m) for m in described])
 
     def Join(self, request, context):
         """Not under rpc_method: a refusal is this one line here and the replica's one line there."""
         loop = self._loop()
         try:
             member = self._fleet().join(request.address, request.name, request.model_identity,
-                                        request.model_summary)
+                                        request.model_summary, request.model_architecture)
         except RlfleetError as exc:
             log.warning(f"refused rollout replica {request.name or '?'} at {request.address}: {exc}")
             context.abort(status_code_of(exc), str(exc))

@@ -9,6 +9,7 @@ been gone for `controller.service_wait_s` (the run ended or failed).
 """
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import threading
@@ -18,7 +19,7 @@ import grpc
 import structlog
 
 from rlfleet.errors import FleetRefused, ServiceUnavailable
-from rlfleet.models.identity import model_identity, model_summary
+from rlfleet.models.identity import architecture, identity_of, model_summary
 from rlfleet.proto.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from rlfleet.rpc.channel import open_channel
 from rlfleet.rpc.security import Security
@@ -44,7 +45,8 @@ class FleetMembership:
     def __init__(self, controller: str, security: Security, name: str, model_dir, wait_s: float):
         self.controller = controller
         self.name = name
-        self.identity, self.summary = model_identity(model_dir), model_summary(model_dir)
+        self.architecture = architecture(model_dir)
+        self.identity, self.summary = identity_of(self.architecture), model_summary(model_dir)
         self.wait_s = wait_s
         self._channel = open_channel(controller, security)
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
@@ -62,7 +64,8 @@ class FleetMembership:
         """Joins, retrying while the controller is unreachable or starting (`wait_s` at most)."""
         self.address = address
         request = controller_pb2.JoinRequest(address=address, name=self.name, model_identity=self.identity,
-                                             model_summary=self.summary)
+                                             model_summary=self.summary,
+                                             model_architecture=json.dumps(self.architecture))
         deadline, said = time.monotonic() + self.wait_s, 0.0
         while True:
             try:
@@ -97,13 +100,14 @@ class FleetMembership:
         except grpc.RpcError as err:
             log.warning("could not leave the run cleanly", controller=self.controller, error=err.details())
 
-    def listed(self) -> bool | None:
-        """Whether the controller still lists this replica (None: the controller does not answer)."""
+    def membership(self) -> str | None:
+        """This replica's state as the controller lists it (`live`, `left: drained`, …; "" when not
+        listed), None when the controller does not answer."""
         try:
             status = self._stub.GetRunStatus(common_pb2.GetStatusRequest(), timeout=5)
         except grpc.RpcError:
             return None
-        return any(m.address == self.address for m in status.fleet)
+        return next((m.state for m in status.fleet if m.address == self.address), "")
 
     def watch(self, server: ServiceServer) -> threading.Thread:
         def run() -> None:
@@ -111,8 +115,8 @@ class FleetMembership:
             while not server.stopped.wait(WATCH_S):
                 if self._leaving.is_set():
                     return
-                listed = self.listed()
-                if listed is None:
+                state = self.membership()
+                if state is None:
                     gone_since = gone_since or time.monotonic()
                     if time.monotonic() - gone_since > self.wait_s:
                         print(f"rlfleet: the controller at {self.controller} has been gone for "
@@ -121,7 +125,12 @@ class FleetMembership:
                         return
                     continue
                 gone_since = None
-                if not listed:  # dropped (it did not answer for a while): it starts afresh
+                if state == "left: drained":  # `rlfleet fleet drain`: out of the run for good
+                    print(f"rlfleet: rollout replica {self.name} was drained from the run; it stops",
+                          flush=True)
+                    server.stop()
+                    return
+                if not state or state.startswith("left"):  # dropped (it stopped answering): afresh
                     try:
                         self.join(self.address)
                     except Exception as exc:  # noqa: BLE001 - a later round tries again

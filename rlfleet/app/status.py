@@ -97,11 +97,12 @@ def _query_controller(row: dict[str, Any], channel: grpc.Channel,
     services it uses."""
     st = controller_pb2_grpc.ControllerStub(channel).GetRunStatus(common_pb2.GetStatusRequest(), timeout=5)
     last = dict(st.last_metrics)
-    for m in st.fleet:
+    members = [m for m in st.fleet if not m.state.startswith("left")]
+    for m in members:
         fleet[m.address] = f"{m.state}{' (joined)' if m.joined else ''}, {m.groups} groups"
     load = f"{last.get('controller/buffered_groups', 0):.0f} groups buffered"
-    if st.fleet:
-        load += f", {sum(m.state != 'joining' for m in st.fleet)} replicas"
+    if members:
+        load += f", {sum(m.state != 'joining' for m in members)} replicas"
     if "reward/mean" in last:
         load += f", reward {last['reward/mean']:.3f}"
     row.update(version=st.policy_version, step=st.step, load=load)

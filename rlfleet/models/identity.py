@@ -27,15 +27,32 @@ def _config(model_dir: Path) -> dict:
         raise ConfigError(f"model.path {model_dir}: cannot read {path.name}: {exc}") from None
 
 
-def model_identity(model_dir: Path) -> str:
-    """A short hash of the architecture and the tokenizer files of the HF folder `model_dir`."""
+def architecture(model_dir: Path) -> dict:
+    """The config.json keys that shape the network, with `tokenizer`: a hash of its tokenizer files."""
     config = {k: v for k, v in _config(model_dir).items() if k not in _IGNORED}
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    tokenizer = hashlib.sha256()
     for name in _TOKENIZER_FILES:
         path = model_dir / name
         if path.is_file():
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:16]
+            tokenizer.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return {**config, "tokenizer": tokenizer.hexdigest()[:16]}
+
+
+def model_identity(model_dir: Path) -> str:
+    """A short hash of the architecture and the tokenizer files of the HF folder `model_dir`."""
+    return identity_of(architecture(model_dir))
+
+
+def identity_of(arch: dict) -> str:
+    return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def difference(ours: dict, theirs: dict, limit: int = 3) -> str:
+    """`rms_norm_eps 1e-05 (here 1e-06), tokenizer` — what differs, for a refusal message."""
+    keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    parts = ["tokenizer" if k == "tokenizer" else f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+             for k in keys[:limit]]
+    return ", ".join(parts) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def model_summary(model_dir: Path) -> str:

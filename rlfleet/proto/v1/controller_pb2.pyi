@@ -55,16 +55,18 @@ class RunStatus(_message.Message):
     def __init__(self, run_name: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., services: _Optional[_Iterable[_Union[ServiceEndpoint, _Mapping]]] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., fleet: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("address", "name", "model_identity", "model_summary")
+    __slots__ = ("address", "name", "model_identity", "model_summary", "model_architecture")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_IDENTITY_FIELD_NUMBER: _ClassVar[int]
     MODEL_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     address: str
     name: str
     model_identity: str
     model_summary: str
-    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., model_identity: _Optional[str] = ..., model_summary: _Optional[str] = ...) -> None: ...
+    model_architecture: str
+    def __init__(self, address: _Optional[str] = ..., name: _Optional[str] = ..., model_identity: _Optional[str] = ..., model_summary: _Optional[str] = ..., model_architecture: _Optional[str] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("run_name", "name", "policy_version")
