@@ -36,7 +36,7 @@ def _receive_rounds(group, model, rounds: int, first_version: int) -> None:
         group.broadcast(torch.zeros(1))
 
 
-def receiver(role: str, shape: str, scale: int, inbox, reps: int) -> None:
+def receiver(_name: str, shape: str, scale: int, inbox, reps: int) -> None:
     """A member (in the first group and the re-formed one) or the joiner (re-formed and own groups)."""
     from rlfleet.weights import WeightGroup
 
@@ -116,8 +116,8 @@ def main() -> None:
     for p in procs:
         p.join()
     med = statistics.median
-    print(f"fleet join, {args.shape}/{args.scale} ({len(weights)} tensors, {nbytes / 1e6:.1f} MB), gloo on CPU, "
-          f"{m} members + 1 joiner, medians of {reps}:")
+    print(f"fleet join, {args.shape}/{args.scale} ({len(weights)} tensors, {nbytes / 1e6:.1f} MB), "
+          f"gloo on CPU, {m} members + 1 joiner, medians of {reps}:")
     print(f"  push to the {m} members before the join:        {med(push_m) * 1e3:8.1f} ms")
     print(f"  re-form: join (new group + current version):    {reform_join * 1e3:8.1f} ms once; "
           f"every later version {med(push_m1) * 1e3:.1f} ms")
