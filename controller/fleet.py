@@ -49,6 +49,7 @@ class Member:
     finished: int = 0  # groups it finished while leaving
     handed_back: int = 0  # groups re-queued from it while leaving
     served: bool = True  # held the run's weights and took work at some point (a leave counts)
+    generating: bool = False  # the loop started its generation thread
 
     @property
     def address(self) -> str:

@@ -80,7 +80,8 @@ class GRPOLoop:
         self.fleet.on_change = self._wake
         self._threads: list[threading.Thread] = []
         self._empty_since: float | None = None  # since when no replica is live (bounded wait)
-        self.rollout, self.reward, self.learner = self.rollouts[0], reward, learner
+        self.rollout = self.rollouts[0] if self.rollouts else None  # the fleet may start empty
+        self.reward, self.learner = reward, learner
         self.writer = writer
         self.stop = stop or threading.Event()
         self.on_step = on_step
@@ -173,7 +174,23 @@ class GRPOLoop:
                 self._cond.wait(0.5)
         raise Stopped("stopping")
 
+    def _await_first_member(self) -> None:
+        wait_s = max(self.cfg.controller.connect_timeout_s, self.cfg.controller.service_wait_s)
+        log.warning("no rollout replica yet; waiting for one to join", wait_s=wait_s)
+        deadline = time.monotonic() + wait_s
+        while not self.fleet.members():
+            if self.stop.wait(0.5):
+                raise Stopped("stopping")
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"no rollout replica joined within {wait_s:g}s "
+                                         "(controller.connect_timeout_s, controller.service_wait_s): start "
+                                         "them with `rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
+        self.recovery.resync(self._start_version)
+
     def _start_generation(self, member: Member) -> None:
+        if member.generating:
+            return
+        member.generating = True
         thread = threading.Thread(target=self._generate_forever, args=(member,),
                                   name=f"generation-{member.name}", daemon=True)
         self._threads.append(thread)
@@ -382,9 +399,12 @@ class GRPOLoop:
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
-        self.sync.open()
-        # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
-        self.sync.sync(self._start_version)
+        if self.fleet.members():
+            self.sync.open()
+            # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
+            self.sync.sync(self._start_version)
+        else:  # replicas join once it runs (deploy/compose.yaml): the first one forms the group
+            self._await_first_member()
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(

@@ -11,8 +11,11 @@ import threading
 from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import FleetRefused, RlfleetError
 from rlfleet.models import command as model_command
+
+
+REFUSED_EXIT = 78  # = rlfleet.rpc.service_main.LOAD_FAILED_EXIT (sysexits' EX_CONFIG)
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -96,8 +99,7 @@ def dispatch(args: argparse.Namespace) -> int:
             SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
-        missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
-                   and (r != "rollout" or not cfg.rollout.addresses)]
+        missing = [r for r in ("reward", "learner") if not getattr(cfg, r).address]
         if missing:
             raise RlfleetError("rlfleet controller needs "
                                + " ".join(f"{r}.address=HOST:PORT" for r in missing))
@@ -108,6 +110,9 @@ def dispatch(args: argparse.Namespace) -> int:
                       run=cfg.run.name)
         addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner")
                      if getattr(cfg, r).address}
+        if not (cfg.rollout.address or cfg.rollout.addresses):
+            print("rlfleet: no rollout.address: the controller waits for rollout replicas to join "
+                  "(`rlfleet serve rollout --join CONTROLLER_HOST:PORT`)", flush=True)
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
@@ -170,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except RlfleetError as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
-        return 2
+        # A replica refused by the run's controller (token, model) would be refused again: systemd and
+        # Slurm do not restart on this code (as for a service whose load failed for good).
+        return REFUSED_EXIT if isinstance(exc, FleetRefused) else 2
 
 
 if __name__ == "__main__":
