@@ -50,6 +50,7 @@ class Member:
     handed_back: int = 0  # groups re-queued from it while leaving
     served: bool = True  # held the run's weights and took work at some point (a leave counts)
     generating: bool = False  # the loop started its generation thread
+    leave_reason: str = ""  # drained, sigterm
 
     @property
     def address(self) -> str:
@@ -169,7 +170,7 @@ class Fleet:
                      replicas=len(self.live()))
             self.on_live(member)
         for member in finished:
-            self.remove(member, "drained")
+            self.remove(member, member.leave_reason or "drained")
 
     def drop_joining(self, reason: str) -> None:
         """Joiners that a re-formed group could not take (their join or pull failed) are turned away,
@@ -192,6 +193,7 @@ class Fleet:
         back), and returns once it is out of the weight group (at the next version boundary)."""
         member = self.find(address)
         with self._lock:
+            member.leave_reason = reason
             if member.state == JOINING:  # never worked: nothing to finish
                 member.state = LEAVING
                 member.idle.set()

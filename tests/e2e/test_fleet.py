@@ -149,7 +149,7 @@ def _other_model(tmp_path: Path) -> Path:
     return folder
 
 
-def test_joiners_with_the_wrong_token_or_another_model_are_refused_in_one_line(run_dir, tmp_path):
+def test_wrong_token_and_other_model_are_refused_in_one_line_and_sigterm_leaves_cleanly(run_dir, tmp_path):
     port = _free_port()
     controller = f"127.0.0.1:{port}"
     job = (f"run.output_dir={run_dir}", *JOB)
@@ -160,11 +160,30 @@ def test_joiners_with_the_wrong_token_or_another_model_are_refused_in_one_line(r
                          "security.token=not-the-jobs-token-9876543210", log=tmp_path / "intruder")
     other_model = _start("serve", "rollout", "--join", controller, *job, "run.name=stranger", token,
                          f"model.path={_other_model(tmp_path)}", log=tmp_path / "stranger")
+    welcome = _start("serve", "rollout", "--join", controller, *job, "run.name=welcome", token,
+                     log=tmp_path / "welcome")
+    run = run_dir / "guarded"
     try:
         assert wrong_token.wait(timeout=240) == 78  # refused: a restart would be refused again
         assert other_model.wait(timeout=240) == 78
+        # the one with the token and the model works, then SIGTERM: it hands its work over and leaves
+        def joiner_generated() -> bool:
+            events = _events(run)
+            joined = {e["replica"] for e in events if e["event"] == "joined"}
+            return any(e["event"] == "generated" and e["replica"] in joined for e in events)
+        _wait_for("the welcome replica generated", joiner_generated, [main, welcome])
+        welcome.send_signal(signal.SIGTERM)
+        assert welcome.wait(timeout=120) == 0
+        assert main.poll() is None  # the run goes on without it
+        main.send_signal(signal.SIGINT)  # a clean stop: what is in flight is re-queued in the journal
+        main.wait(timeout=120)
     finally:
-        _stop(main, wrong_token, other_model)
+        _stop(main, wrong_token, other_model, welcome)
+    assert "left the run (sigterm)" in (tmp_path / "welcome.out").read_text()
+    left = [e for e in _events(run) if e["event"] == "left"]
+    assert [e["reason"] for e in left] == ["sigterm"], left
+    result = audit(run / "journal" / "prompts.jsonl")
+    assert result.lost == [] and result.trained_twice == []
     # the replica's one line, and the controller's
     for name, reason in (("intruder", "invalid bearer token"),
                          ("stranger", "different model than this run: rms_norm_eps 1e-05 (this run: 1e-06)")):
