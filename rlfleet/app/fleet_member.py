@@ -32,13 +32,28 @@ _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 WATCH_S = 2.0  # how often a joined replica checks that the controller still lists it
 
 
-def advertised_address(bound: str, advertise: str | None) -> str:
-    """The address the controller reaches this replica at: `--advertise HOST[:PORT]`, else the bound one
-    (a wildcard bind is replaced by this machine's name)."""
+def advertised_address(bound: str, advertise: str | None, towards: str | None = None) -> str:
+    """The address the controller reaches this replica at: `--advertise HOST[:PORT]`, else the bound one.
+    A wildcard bind (0.0.0.0, a container's usual) gives the address of this machine's interface on the
+    route to the controller at `towards` (each container of a scaled compose service has its own), else
+    this machine's name."""
     host, _, port = bound.rpartition(":")
     if advertise:
         return advertise if ":" in advertise.strip("[]").rsplit("]", 1)[-1] else f"{advertise}:{port}"
-    return f"{socket.getfqdn() if host in _WILDCARDS else host}:{port}"
+    if host not in _WILDCARDS:
+        return bound
+    return f"{_local_address_towards(towards) if towards else socket.getfqdn()}:{port}"
+
+
+def _local_address_towards(address: str) -> str:
+    """This machine's address on the route to `address` (connecting a UDP socket sends nothing)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host.strip("[]"), int(port) if port.isdigit() else 1))
+            return probe.getsockname()[0]
+    except OSError:  # no route (yet): the name others may resolve
+        return socket.getfqdn()
 
 
 class FleetMembership:
@@ -162,7 +177,7 @@ def join_when_serving(controller: str, security: Security, name: str, model_dir,
     """The `on_serving` hook of `rlfleet serve rollout --join`."""
     def on_serving(server: ServiceServer) -> None:
         member = FleetMembership(controller, security, name, model_dir, wait_s)
-        member.join(advertised_address(server.address, advertise))
+        member.join(advertised_address(server.address, advertise, towards=controller))
         member.leave_on_signal(server)
         member.watch(server)
     return on_serving
