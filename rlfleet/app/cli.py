@@ -92,9 +92,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.serve import SERVERS, serve_rollout
         if args.join and args.role != "rollout":
             raise RlfleetError("--join is for `rlfleet serve rollout` only")
-        if args.join:  # a joiner's default name cannot collide with the run's own replicas
-            serve_rollout(_load(args), name=args.name or f"rollout-{os.getpid()}", index=args.index,
-                          join=args.join, advertise=args.advertise)
+        if args.join:  # a joiner's default name differs from the run's replicas' and other joiners'
+            import socket
+            name = args.name or f"rollout-{socket.gethostname().split('.')[0]}-{os.getpid()}"
+            serve_rollout(_load(args), name=name, index=args.index, join=args.join, advertise=args.advertise)
         else:
             SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":

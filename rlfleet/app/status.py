@@ -51,7 +51,9 @@ COLUMNS = (
 
 
 def _kind(name: str) -> str:
-    """`rollout-2` (a replica) -> `rollout`."""
+    """`rollout-2` (a replica), `rollout-node7-1234` (one that joined) -> `rollout`."""
+    if name.startswith("rollout-"):
+        return "rollout"
     base, _, index = name.rpartition("-")
     return base if base and index.isdigit() else name
 
