@@ -64,16 +64,18 @@ class Fleet:
     def __init__(self, initial: list[RolloutClient], *, architecture: dict | None = None, summary: str = "",
                  connect: Callable[[str], RolloutClient] | None = None,
                  note: Callable[..., None] = lambda event, **fields: None,
-                 heartbeat_s: float = 1.0, max_misses: int = 2):
+                 heartbeat_s: float = 1.0, max_misses: int = 3, heartbeat_timeout_s: float = 3.0):
         """`initial`: the replicas the run started with; `architecture`/`summary`: the run's model
         (rlfleet.models.identity), whose identity a joiner must share; `connect`: a client to a joiner's
         address (waits until it serves); `note`: the journal; a joined member that misses
-        `max_misses` heartbeats in a row (`heartbeat_s` apart) is taken for dead."""
+        `max_misses` heartbeats in a row (`heartbeat_s` apart, each with `heartbeat_timeout_s`: a
+        busy replica may answer late, a dead one is refused at once) is taken for dead."""
         self.architecture, self.summary = architecture, summary
         self.identity = identity_of(architecture) if architecture is not None else None
         self._connect = connect
         self._note = note
         self.heartbeat_s, self.max_misses = heartbeat_s, max_misses
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self._lock = threading.Lock()
         self._members: dict[str, Member] = {}
         for index, client in enumerate(initial):
@@ -194,12 +196,14 @@ class Fleet:
         member = self.find(address)
         with self._lock:
             member.leave_reason = reason
-            if member.state == JOINING:  # never worked: nothing to finish
-                member.state = LEAVING
-                member.idle.set()
-            elif member.state == LIVE:
+            was = member.state
+            if member.state in (JOINING, LIVE):
                 member.state = LEAVING
         self._note("leaving", replica=address, reason=reason)
+        if was == JOINING:  # never in the weight group, never worked: nothing to finish
+            member.idle.set()
+            self.remove(member, reason)
+            return member
         self._changed()
         if not member.idle.wait(timeout_s):
             member.client.close()  # cuts its stream: the groups not yet back are re-queued
@@ -243,7 +247,7 @@ class Fleet:
             if not member.joined or member.gone.is_set():
                 continue
             try:
-                member.client.status(timeout_s=max(0.5, self.heartbeat_s))
+                member.client.status(timeout_s=self.heartbeat_timeout_s)
                 member.misses = 0
             except RlfleetError:
                 member.misses += 1

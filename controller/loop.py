@@ -1,6 +1,7 @@
 """The asynchronous GRPO loop with bounded staleness.
 
-A generation thread per rollout replica keeps it busy with new groups as long as
+A generation thread per member of the rollout fleet (controller/generation.py; members
+join and leave while it runs: controller/fleet.py) keeps it busy with new groups as long as
 the staleness gate admits them (and no reward outage pauses admission) and hands
 each finished group to the scoring threads, which score it (off the generation
 thread, so a slow or unreachable reward never stalls a rollout stream) and buffer
@@ -16,53 +17,32 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
-from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
+from rlfleet.errors import RlfleetError
+from rlfleet.types import SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
-from controller.fleet import LEAVING, Fleet, Member
-from controller.groups import ScoredGroup, score_items
-from rlfleet.data.prompts import Prompt
-from rlfleet.types import Completion
+from controller.fleet import Fleet
+from controller.generation import GenerationSide, ScoredGroupInput
+from controller.groups import ScoredGroup
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
-from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
+from controller.state import ControllerState, Dispatch, save_state, source_state
 from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class ScoredGroupInput:
-    """A generated group waiting for its rewards."""
-
-    seq: int
-    prompt: Prompt
-    request_id: str
-    completions: list[Completion]
-    gen_s: float
-    replica: str
-
-
-class Leaving(Exception):
-    """A member's generation thread ends: the member is leaving or left the fleet."""
-
-
-MAX_SCORING_THREADS = 8
-
-
-class GRPOLoop:
+class GRPOLoop(GenerationSide):
     def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient | list[RolloutClient],
                  reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
@@ -74,7 +54,7 @@ class GRPOLoop:
         # Every member of the fleet has a generation thread that asks for work when it is free, which
         # spreads groups by load; all of them take each new version in one broadcast. Members join
         # and leave while the run goes on (controller/fleet.py).
-        self.rollouts = rollout if isinstance(rollout, list) else [rollout]
+        self.rollouts = rollout if isinstance(rollout, list) else [r for r in (rollout,) if r is not None]
         self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
         self.fleet.on_live = self._start_generation
         self.fleet.on_change = self._wake
@@ -150,149 +130,6 @@ class GRPOLoop:
                        for d in dispatches.values()]
             return ControllerState(step, version, self._seq, source_state(self.source), requeue)
 
-    # ---- generation side ----------------------------------------------------------------------
-    def _admit(self, member: Member) -> Dispatch:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request.
-        Leaving when `member` takes no more work."""
-        with self._cond:
-            while not self.stop.is_set():
-                if not member.takes_work():
-                    raise Leaving(member.address)
-                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
-                if self._requeue and not paused:
-                    return self._requeue.popleft()  # already admitted; its slots are counted
-                limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not paused:
-                    count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
-                    self._admitted += count
-                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
-                    for _ in range(count):
-                        dispatch.members.append((self._seq, self.source.next()))
-                        self._live[self._seq] = dispatch
-                        self._seq += 1
-                    return dispatch
-                self._cond.wait(0.5)
-        raise Stopped("stopping")
-
-    def _await_first_member(self) -> None:
-        wait_s = max(self.cfg.controller.connect_timeout_s, self.cfg.controller.service_wait_s)
-        log.warning("no rollout replica yet; waiting for one to join", wait_s=wait_s)
-        deadline = time.monotonic() + wait_s
-        while not self.fleet.members():
-            if self.stop.wait(0.5):
-                raise Stopped("stopping")
-            if time.monotonic() > deadline:
-                raise ServiceUnavailable(f"no rollout replica joined within {wait_s:g}s "
-                                         "(controller.connect_timeout_s, controller.service_wait_s): start "
-                                         "them with `rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
-        self.recovery.resync(self._start_version)
-
-    def _start_generation(self, member: Member) -> None:
-        if member.generating:
-            return
-        member.generating = True
-        thread = threading.Thread(target=self._generate_forever, args=(member,),
-                                  name=f"generation-{member.name}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        scorers = sum(t.name.startswith("scoring-") for t in self._threads)
-        if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
-            self._start_scoring(scorers)
-
-    def _start_scoring(self, index: int) -> None:
-        thread = threading.Thread(target=self._score_forever, name=f"scoring-{index}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _generate_forever(self, member: Member) -> None:
-        rollout = member.client
-        try:
-            while not self.stop.is_set():
-                dispatch = self._admit(member)
-                prompts = dispatch.request_ids()
-                requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
-                params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
-                               version=self._rollout_version,
-                               replica=rollout.address)
-                started = time.perf_counter()
-                pending = dict(prompts)
-                try:
-                    for group in rollout.generate(requests, params):
-                        seq, prompt = pending.pop(group.request_id)
-                        member.groups += 1
-                        member.finished += member.state == LEAVING
-                        self._note("generated", seq=seq,
-                                   version=min(c.policy_version for c in group.completions),
-                                   replica=rollout.address)
-                        waiting = ScoredGroupInput(seq, prompt, group.request_id, group.completions,
-                                                   time.perf_counter() - started, rollout.address)
-                        with self._cond:
-                            self._to_score.append(waiting)
-                            self._cond.notify_all()
-                        started = time.perf_counter()
-                except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
-                    if self.stop.is_set():  # the stream was cut by the loop's own exit
-                        return
-                    if member.joined or not member.takes_work():  # an elastic member leaves instead
-                        member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
-                                                                    "replica_left", exc)
-                        if member.state != LEAVING:
-                            self.fleet.remove(member, "failed")
-                        return
-                    self.recovery.rollout_failed(rollout, dispatch, pending, exc)
-        except (Stopped, Leaving):
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            self._fail(exc)
-        finally:
-            self.fleet.thread_ended(member)
-
-    def _fail(self, exc: BaseException) -> None:
-        with self._cond:
-            if self._error is None:
-                self._error = exc
-            self._cond.notify_all()
-
-    def _score_forever(self) -> None:
-        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
-        stays counted as admitted, and is buffered once scored (or the run stops)."""
-        try:
-            while True:
-                with self._cond:
-                    while not self._to_score:
-                        if self.stop.is_set():
-                            return
-                        self._cond.wait(0.5)
-                    waiting = self._to_score.popleft()
-                    self._scoring += 1
-                try:
-                    t0 = time.perf_counter()
-                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
-                                                              waiting.request_id))
-                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
-                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
-                    self._note("scored", seq=scored.seq, failed=scored.failed)
-                    with self._cond:
-                        self._failed["items"] += scored.failed
-                        self._failed["groups"] += bool(results) and scored.failed == len(results)
-                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
-                finally:
-                    with self._cond:
-                        self._scoring -= 1
-                        self._cond.notify_all()
-        except Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            if not self.stop.is_set():
-                self._fail(exc)
-
-    def buffered(self) -> int:
-        """Scored groups waiting to be trained."""
-        with self._cond:
-            return len(self._buffer)
-
     # ---- training side ------------------------------------------------------------------------
     def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], Counter[str]]:
         """Waits for B fresh groups; stale ones, and (dynamic sampling) groups whose rewards are all
@@ -336,29 +173,6 @@ class GRPOLoop:
                 self._admitted -= 1
                 self._cond.notify_all()
         return batch, dropped
-
-    def _check_fleet_not_empty(self) -> None:
-        """With no replica live (all left), the run waits for one to join, controller.service_wait_s
-        at most."""
-        if self.fleet.members():
-            self._empty_since = None
-            return
-        now = time.monotonic()
-        if self._empty_since is None:
-            self._empty_since = now
-            log.warning("no rollout replica left in the fleet; waiting for one to join",
-                        wait_s=self.cfg.controller.service_wait_s)
-        elif now - self._empty_since > self.cfg.controller.service_wait_s:
-            raise ServiceUnavailable(f"no rollout replica in the fleet for controller.service_wait_s="
-                                     f"{self.cfg.controller.service_wait_s:g}s: add one with "
-                                     "`rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
-
-    def _generate_for_eval(self, prompts, params):
-        """Evaluation generates on a live member (the first replica may have left)."""
-        live = [m for m in self.fleet.live() if m.takes_work()] or self.fleet.live()
-        if not live:
-            raise ServiceUnavailable("no rollout replica in the fleet to evaluate with")
-        return live[0].client.generate(prompts, params)
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
         dropped[reason] += 1
