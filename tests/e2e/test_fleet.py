@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_replicas_join_one_is_killed_one_drained_and_nothing_is_lost(run_dir, tm
     run = run_dir / "fleet"
     job = (f"run.output_dir={run_dir}", *JOB)
     main = _start("run", *job, "run.name=fleet", f"controller.port={port}", f"controller.max_steps={STEPS}",
-                  log=tmp_path / "run")
+                  "tracking.tensorboard=true", log=tmp_path / "run")
     # The joiners load their model while the run starts and join once its controller answers.
     joiners = {name: _start("serve", "rollout", "--join", controller, *job, f"run.name={name}",
                             log=tmp_path / name) for name in ("a", "b")}
@@ -94,6 +95,12 @@ def test_replicas_join_one_is_killed_one_drained_and_nothing_is_lost(run_dir, tm
             assert first - accepted < 10, (name, first - accepted)
         _wait_for("a step line with 3 replicas",
                   lambda: any(m.get("fleet/replicas") == 3 for m in read_jsonl(run / "metrics.jsonl")), procs)
+        # Prometheus: the controller's /metrics carries the step line's fleet/* keys
+        metrics_port = json.loads((run / "services" / "controller.json").read_text())["metrics_port"]
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        scraped = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert 'rlfleet_train_metric{metric="fleet/replicas"}' in scraped
+        assert 'rlfleet_train_metric{metric="fleet/joins"}' in scraped
         status = subprocess.run([sys.executable, "-m", "rlfleet.app.cli", "status", str(run), "--json"],
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
         rows = {r["address"]: r for r in json.loads(status.stdout)}
@@ -125,6 +132,12 @@ def test_replicas_join_one_is_killed_one_drained_and_nothing_is_lost(run_dir, tm
     assert 3 in fleet and 2 in fleet[fleet.index(3):] and fleet[-1] == 1, fleet
     assert fleet == sorted(fleet[:fleet.index(3) + 1]) + sorted(fleet[fleet.index(3) + 1:], reverse=True)
     assert metrics[-1]["fleet/joins"] == 2 and metrics[-1]["fleet/leaves"] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(run / "tensorboard"))
+    tb.Reload()
+    assert {"fleet/replicas", "fleet/joins", "fleet/leaves"} <= set(tb.Tags()["scalars"])
+    assert max(e.value for e in tb.Scalars("fleet/replicas")) == 3
     result = audit(run / "journal" / "prompts.jsonl")
     assert result.lost == [] and result.trained_twice == []
     assert sum(result.trained.values()) == STEPS * 4
