@@ -85,7 +85,7 @@ class Fleet:
         self.joins = 0
         self.leaves = 0
         # who the weight group holds now (members by identity); another set asks for a re-form
-        self._in_group: frozenset[int] = frozenset(id(m) for m in self._members.values())
+        self._in_group: frozenset[Member] = frozenset(self._members.values())
         self.on_live: Callable[[Member], None] = lambda member: None  # the loop starts its generation
         self.on_change: Callable[[], None] = lambda: None  # wakes the loop's waiters
 
@@ -104,7 +104,7 @@ class Fleet:
     def reform_pending(self) -> bool:
         """Whether the weight group should be re-formed at the next version boundary: someone joined,
         left or finished leaving since the last one."""
-        return frozenset(id(m) for m in self.weight_members()) != self._in_group
+        return frozenset(self.weight_members()) != self._in_group
 
     def metrics(self) -> dict[str, float]:
         return {"fleet/replicas": float(len(self.live())), "fleet/joins": float(self.joins),
@@ -158,7 +158,7 @@ class Fleet:
         finished leaving and were left out are gone."""
         started = []
         with self._lock:
-            self._in_group = frozenset(id(m) for m in synced)
+            self._in_group = frozenset(synced)
             for member in synced:
                 if member.state == JOINING and self._members.get(member.address) is member:
                     member.state, member.since, member.served = LIVE, time.time(), True

@@ -162,7 +162,7 @@ def _other_model(tmp_path: Path) -> Path:
     return folder
 
 
-def test_wrong_token_and_other_model_are_refused_in_one_line_and_sigterm_leaves_cleanly(run_dir, tmp_path):
+def test_refusals_in_one_line_a_frozen_member_rejoins_and_sigterm_leaves_cleanly(run_dir, tmp_path):
     port = _free_port()
     controller = f"127.0.0.1:{port}"
     job = (f"run.output_dir={run_dir}", *JOB)
@@ -185,6 +185,27 @@ def test_wrong_token_and_other_model_are_refused_in_one_line_and_sigterm_leaves_
             joined = {e["replica"] for e in events if e["event"] == "joined"}
             return any(e["event"] == "generated" and e["replica"] in joined for e in events)
         _wait_for("the welcome replica generated", joiner_generated, [main, welcome])
+        # Frozen (SIGSTOP): it stops answering, is dropped, and the run goes on; thawed, it finds
+        # itself dropped and joins again, holding weights many versions old: it gets the current
+        # ones before any work, so the staleness bound holds.
+        address = next(e["replica"] for e in _events(run) if e["event"] == "joined")
+        os.kill(welcome.pid, signal.SIGSTOP)
+        try:
+            _wait_for("the frozen replica dropped", lambda: any(
+                e["event"] == "left" and e["replica"] == address for e in _events(run)), [main], timeout_s=60)
+            versions_on = len(read_jsonl(run / "metrics.jsonl"))
+            _wait_for("two more steps without it", lambda: len(read_jsonl(run / "metrics.jsonl"))
+                      >= versions_on + 2, [main], timeout_s=60)
+        finally:
+            os.kill(welcome.pid, signal.SIGCONT)
+
+        def rejoined_and_generated() -> bool:
+            events = _events(run)
+            rejoined = [i for i, e in enumerate(events) if e["event"] == "joined" and e["replica"] == address]
+            return len(rejoined) >= 2 and any(e["event"] == "generated" and e["replica"] == address
+                                              for e in events[rejoined[1]:])
+        _wait_for("the thawed replica rejoined and generated", rejoined_and_generated, [main, welcome],
+                  timeout_s=120)
         welcome.send_signal(signal.SIGTERM)
         assert welcome.wait(timeout=120) == 0
         assert main.poll() is None  # the run goes on without it
@@ -194,9 +215,11 @@ def test_wrong_token_and_other_model_are_refused_in_one_line_and_sigterm_leaves_
         _stop(main, wrong_token, other_model, welcome)
     assert "left the run (sigterm)" in (tmp_path / "welcome.out").read_text()
     left = [e for e in _events(run) if e["event"] == "left"]
-    assert [e["reason"] for e in left] == ["sigterm"], left
+    assert left[0]["reason"] == "unreachable" and left[-1]["reason"] == "sigterm", left
     result = audit(run / "journal" / "prompts.jsonl")
     assert result.lost == [] and result.trained_twice == []
+    samples = read_jsonl(run / "samples" / "train.jsonl")
+    assert all(0 <= s["trained_version"] - s["version"] <= STALENESS for s in samples)
     # the replica's one line, and the controller's
     for name, reason in (("intruder", "invalid bearer token"),
                          ("stranger", "different model than this run: rms_norm_eps 1e-05 (this run: 1e-06)")):
