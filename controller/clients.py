@@ -60,8 +60,9 @@ class _Client:
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security)
 
     @_rpc
-    def status(self) -> t.ServiceStatus:
-        return convert.status_from_proto(self._stub.GetStatus(common_pb2.GetStatusRequest(), timeout=10))
+    def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
+        return convert.status_from_proto(self._stub.GetStatus(common_pb2.GetStatusRequest(),
+                                                              timeout=timeout_s))
 
     def close(self) -> None:
         self.channel.close()

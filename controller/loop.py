@@ -1,6 +1,7 @@
 """The asynchronous GRPO loop with bounded staleness.
 
-A generation thread per rollout replica keeps it busy with new groups as long as
+A generation thread per member of the rollout fleet (controller/generation.py; members
+join and leave while it runs: controller/fleet.py) keeps it busy with new groups as long as
 the staleness gate admits them (and no reward outage pauses admission) and hands
 each finished group to the scoring threads, which score it (off the generation
 thread, so a slow or unreachable reward never stalls a rollout stream) and buffer
@@ -16,57 +17,51 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
-from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
+from rlfleet.errors import RlfleetError
+from rlfleet.types import SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
-from controller.groups import ScoredGroup, score_items
-from rlfleet.data.prompts import Prompt
-from rlfleet.types import Completion
+from controller.fleet import Fleet
+from controller.generation import GenerationSide, ScoredGroupInput
+from controller.groups import ScoredGroup
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.staleness import StalenessGate
-from controller.state import ControllerState, Dispatch, sampling_seed, save_state, source_state
+from controller.state import ControllerState, Dispatch, save_state, source_state
 from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class ScoredGroupInput:
-    """A generated group waiting for its rewards."""
-
-    seq: int
-    prompt: Prompt
-    request_id: str
-    completions: list[Completion]
-    gen_s: float
-    replica: str
-
-
-class GRPOLoop:
+class GRPOLoop(GenerationSide):
     def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient | list[RolloutClient],
                  reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
                  on_step: Callable[[dict[str, Any]], None] | None = None,
                  evaluator: PeriodicEval | None = None, journal: Journal | None = None,
-                 resume: ControllerState | None = None):
+                 resume: ControllerState | None = None, fleet: Fleet | None = None):
         self.cfg = cfg
         self.source = source
-        # Every replica has a generation thread that asks for work when it is free, which spreads
-        # groups by load; all of them take each new version in one broadcast.
-        self.rollouts = rollout if isinstance(rollout, list) else [rollout]
-        self.rollout, self.reward, self.learner = self.rollouts[0], reward, learner
+        # Every member of the fleet has a generation thread that asks for work when it is free, which
+        # spreads groups by load; all of them take each new version in one broadcast. Members join
+        # and leave while the run goes on (controller/fleet.py).
+        self.rollouts = rollout if isinstance(rollout, list) else [r for r in (rollout,) if r is not None]
+        self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
+        self.fleet.on_live = self._start_generation
+        self.fleet.on_change = self._wake
+        self._threads: list[threading.Thread] = []
+        self._empty_since: float | None = None  # since when no replica is live (bounded wait)
+        self.rollout = self.rollouts[0] if self.rollouts else None  # the fleet may start empty
+        self.reward, self.learner = reward, learner
         self.writer = writer
         self.stop = stop or threading.Event()
         self.on_step = on_step
@@ -117,8 +112,12 @@ class GRPOLoop:
         self._note("resumed", step=state.step, version=state.policy_version, requeued=len(self._live))
 
     def _note(self, event: str, **fields: Any) -> None:
-        if self.journal is not None:
+        if getattr(self, "journal", None) is not None:
             self.journal.record(event, **fields)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def snapshot(self, step: int, version: int) -> ControllerState:
         """The controller's state right now, for the checkpoint of `step`."""
@@ -130,105 +129,6 @@ class GRPOLoop:
                                                     if seq in self._live]}
                        for d in dispatches.values()]
             return ControllerState(step, version, self._seq, source_state(self.source), requeue)
-
-    # ---- generation side ----------------------------------------------------------------------
-    def _admit(self) -> Dispatch:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request."""
-        with self._cond:
-            while not self.stop.is_set():
-                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
-                if self._requeue and not paused:
-                    return self._requeue.popleft()  # already admitted; its slots are counted
-                limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not paused:
-                    count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
-                    self._admitted += count
-                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
-                    for _ in range(count):
-                        dispatch.members.append((self._seq, self.source.next()))
-                        self._live[self._seq] = dispatch
-                        self._seq += 1
-                    return dispatch
-                self._cond.wait(0.5)
-        raise Stopped("stopping")
-
-    def _generate_forever(self, rollout: RolloutClient) -> None:
-        try:
-            while not self.stop.is_set():
-                dispatch = self._admit()
-                prompts = dispatch.request_ids()
-                requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
-                params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
-                               version=self._rollout_version,
-                               replica=rollout.address)
-                started = time.perf_counter()
-                pending = dict(prompts)
-                try:
-                    for group in rollout.generate(requests, params):
-                        seq, prompt = pending.pop(group.request_id)
-                        self._note("generated", seq=seq,
-                                   version=min(c.policy_version for c in group.completions),
-                                   replica=rollout.address)
-                        waiting = ScoredGroupInput(seq, prompt, group.request_id, group.completions,
-                                                   time.perf_counter() - started, rollout.address)
-                        with self._cond:
-                            self._to_score.append(waiting)
-                            self._cond.notify_all()
-                        started = time.perf_counter()
-                except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
-                    if self.stop.is_set():  # the stream was cut by the loop's own exit
-                        return
-                    self.recovery.rollout_failed(rollout, dispatch, pending, exc)
-        except Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            self._fail(exc)
-
-    def _fail(self, exc: BaseException) -> None:
-        with self._cond:
-            if self._error is None:
-                self._error = exc
-            self._cond.notify_all()
-
-    def _score_forever(self) -> None:
-        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
-        stays counted as admitted, and is buffered once scored (or the run stops)."""
-        try:
-            while True:
-                with self._cond:
-                    while not self._to_score:
-                        if self.stop.is_set():
-                            return
-                        self._cond.wait(0.5)
-                    waiting = self._to_score.popleft()
-                    self._scoring += 1
-                try:
-                    t0 = time.perf_counter()
-                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
-                                                              waiting.request_id))
-                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
-                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
-                    self._note("scored", seq=scored.seq, failed=scored.failed)
-                    with self._cond:
-                        self._failed["items"] += scored.failed
-                        self._failed["groups"] += bool(results) and scored.failed == len(results)
-                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
-                finally:
-                    with self._cond:
-                        self._scoring -= 1
-                        self._cond.notify_all()
-        except Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            if not self.stop.is_set():
-                self._fail(exc)
-
-    def buffered(self) -> int:
-        """Scored groups waiting to be trained."""
-        with self._cond:
-            return len(self._buffer)
 
     # ---- training side ------------------------------------------------------------------------
     def _take_batch(self, train_version: int) -> tuple[list[ScoredGroup], Counter[str]]:
@@ -245,7 +145,9 @@ class GRPOLoop:
                 if self.stop.is_set():
                     raise Stopped("stopping")
                 if not self._buffer:
-                    if self.recovery.resync_pending():  # a replica came back: rebuild the group, unlocked
+                    self._check_fleet_not_empty()
+                    # a replica came back, joined or left: rebuild the group now, unlocked
+                    if self.recovery.resync_pending() or self.fleet.reform_pending():
                         self._cond.release()
                         try:
                             self.recovery.service_pending(train_version)
@@ -311,20 +213,20 @@ class GRPOLoop:
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
-        self.sync.open()
-        # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
-        self.sync.sync(self._start_version)
+        if self.fleet.members():
+            self.sync.open()
+            # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
+            self.sync.sync(self._start_version)
+        else:  # replicas join once it runs (deploy/compose.yaml): the first one forms the group
+            self._await_first_member()
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
-                0, 0, self.rollout.generate, self.reward.score)})
-        gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
-                                        daemon=True)
-                       for i, r in enumerate(self.rollouts)]
-        gen_threads += [threading.Thread(target=self._score_forever, name=f"scoring-{i}", daemon=True)
-                        for i in range(len(self.rollouts))]
-        for thread in gen_threads:
-            thread.start()
+                0, 0, self._generate_for_eval, self.reward.score)})
+        self.fleet.commit(self.fleet.weight_members(), self._start_version)  # the initial group
+        for member in self.fleet.members():
+            self._start_generation(member)
+        self.fleet.watch(self.stop)  # joined members that stop answering leave within seconds
         version = self._start_version
         try:
             for step in range(self._start_step + 1, cc.max_steps + 1):
@@ -358,9 +260,10 @@ class GRPOLoop:
                     metrics["reward/failed_groups"] = float(self._failed["groups"])
                     self._failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
+                metrics.update(self.fleet.metrics())  # fleet/replicas, fleet/joins, fleet/leaves
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
-                                                            self.rollout.generate,
+                                                            self._generate_for_eval,
                                                             self.reward.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
@@ -379,7 +282,7 @@ class GRPOLoop:
             with self._cond:
                 for seq in sorted(self._live):  # the last controller state re-queues them on resume
                     self._note("requeued", seq=seq, reason="stopped")
-            for thread in gen_threads:
+            for thread in list(self._threads):
                 thread.join(timeout=5)
             self.sync.close()
         return self.last_metrics

@@ -14,11 +14,13 @@ from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
+from rlfleet.models.identity import architecture, model_summary
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
+from controller.fleet import Fleet
 from controller.journal import Journal
 from controller.loop import GRPOLoop
 from controller.reward_tally import RewardTally
@@ -115,9 +117,14 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
                                   f"learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
+        join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, 30.0),
+                       security=security)
+        # Replicas may join while it runs (`rlfleet serve rollout --join`): same model, same token.
+        fleet = Fleet(rollout, architecture=architecture(model_dir), summary=model_summary(model_dir),
+                      connect=lambda address: RolloutClient(address, **join_kw), note=journal.record)
         try:
             loop = GRPOLoop(cfg, source, rollout, reward, learner, writer, stop=stop, on_step=step_done,
-                            evaluator=evaluator, journal=journal, resume=resume)
+                            evaluator=evaluator, journal=journal, resume=resume, fleet=fleet)
             loop_ref.append(loop)
             telemetry.watch_buffer(loop.buffered)
             return loop.run()
@@ -127,5 +134,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     finally:
         for client in clients:
             client.close()
+        for member in loop_ref[0].fleet.members() if loop_ref else []:
+            member.client.close()
         status.stop(grace_s=1)
         telemetry.close()

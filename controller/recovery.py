@@ -37,6 +37,7 @@ from controller.reward_outage import RewardOutage
 
 if TYPE_CHECKING:
     from controller.clients import LearnerClient, RewardClient, RolloutClient
+    from controller.fleet import Fleet
     from controller.state import Dispatch
     from controller.weight_sync import WeightSync
 
@@ -56,6 +57,7 @@ class RecoveringLoop(Protocol):
     reward: RewardClient
     learner: LearnerClient
     sync: WeightSync
+    fleet: Fleet
     stop: threading.Event
     _cond: threading.Condition
     _requeue: deque[Dispatch]
@@ -112,8 +114,10 @@ class Recovery:
             return results
 
     # ---- rollout ------------------------------------------------------------------------------
-    def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
-                       pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
+    def requeue(self, rollout: RolloutClient, dispatch: Dispatch, pending: dict[str, tuple[int, Any]],
+                reason: str, exc: BaseException) -> int:
+        """The prompts of `dispatch` whose groups did not come back go first to the next free replica
+        (the ones that came back are not generated again); returns how many."""
         loop = self.loop
         left = [(seq, prompt) for seq, prompt in dispatch.members
                 if any(s == seq for s, _ in pending.values())]
@@ -123,8 +127,16 @@ class Recovery:
                 loop._requeue.appendleft(dispatch)
             loop._cond.notify_all()
         for seq, _ in left:
-            loop._note("requeued", seq=seq, reason="rollout_failed", replica=rollout.address)
+            loop._note("requeued", seq=seq, reason=reason, replica=rollout.address)
         self._event("rollout_failed", replica=rollout.address, requeued=len(left), error=str(exc)[:200])
+        return len(left)
+
+    def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
+                       pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
+        """A replica the run started with failed: its groups are re-queued, then it is waited for
+        (`rlfleet run` restarts it) and taken back into the weight group."""
+        loop = self.loop
+        self.requeue(rollout, dispatch, pending, "rollout_failed", exc)
         deadline, delay = self._deadline(), 0.5
         while True:
             try:
@@ -148,18 +160,28 @@ class Recovery:
 
     # ---- weight group -------------------------------------------------------------------------
     def resync(self, version: int) -> float:
-        """Rebuilds the weight group and pushes `version` to every replica."""
+        """Rebuilds the weight group over the fleet's members and pushes `version` to every replica;
+        joiners go live once they hold it (controller/fleet.py)."""
         loop = self.loop
         deadline, delay = self._deadline(), 0.5
+        attempts = 0
         while True:
+            members = loop.fleet.weight_members()
+            loop.sync.rollouts = [m.client for m in members]
             try:
                 self._check_learner_version(version)
-                loop.sync.open()
-                seconds = loop.sync.sync(version)
+                seconds = 0.0
+                if members:  # an empty fleet waits for a joiner; the group is formed with it
+                    loop.sync.open()
+                    seconds = loop.sync.sync(version)
                 break
             except _RETRYABLE as exc:
                 if "differ from the learner" in str(exc):
                     raise
+                attempts += 1
+                loop.fleet.prune()  # a joined member that died meanwhile is left out of the next try
+                if attempts >= 2:  # a joiner the group cannot take must not hold up the others
+                    loop.fleet.drop_joining("join_failed")
                 self._expired(deadline, "the weight group", exc)
                 self._event("weight_group_retry", version=version, error=str(exc)[:200])
                 delay = self._sleep(delay)
@@ -168,12 +190,14 @@ class Recovery:
             self.generation += 1
             self._resync.clear()
             loop._cond.notify_all()
-        self._event("weight_group_rebuilt", version=version, generation=self.generation)
+        self._event("weight_group_rebuilt", version=version, generation=self.generation,
+                    replicas=len(members))
+        loop.fleet.commit(members, version)
         return seconds
 
     def sync(self, version: int) -> float:
         """One push of `version`; a failed one is aborted (group timeout), rebuilt and pushed again."""
-        if self._resync.is_set():
+        if self._resync.is_set() or self.loop.fleet.reform_pending():  # a restart, a join or a leave
             return self.resync(version)
         try:
             return self.loop.sync.sync(version)
@@ -185,7 +209,7 @@ class Recovery:
 
     def service_pending(self, version: int) -> None:
         """Called by the training side while it waits for groups: serves a replica's resync request."""
-        if self._resync.is_set():
+        if self._resync.is_set() or self.loop.fleet.reform_pending():
             self.resync(version)
 
     # ---- learner ------------------------------------------------------------------------------

@@ -1,14 +1,21 @@
-"""The controller's status service, read by `rlfleet status`."""
+"""The controller's gRPC service: run status (read by `rlfleet status`) and fleet membership (Join,
+Leave: controller/fleet.py). The servicer converts and delegates to the loop's Fleet."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import structlog
+
+from rlfleet.errors import NotReady, RlfleetError
 from rlfleet.proto.v1 import controller_pb2, controller_pb2_grpc
-from rlfleet.rpc.errors import rpc_method
+from rlfleet.rpc.errors import rpc_method, status_code_of
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.server import ServiceServer
 
 SERVICE_NAME = controller_pb2.DESCRIPTOR.services_by_name["Controller"].full_name
+JOIN_METHOD = f"/{SERVICE_NAME}/Join"
+DEFAULT_DRAIN_S = 60.0  # a Leave without its own timeout: in-flight groups not back by then are handed back
+log = structlog.get_logger(__name__)
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
@@ -21,23 +28,62 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.metrics = None
         self.last_error = ""
 
+    def _fleet(self):
+        loop = self._loop()
+        if loop is None:
+            raise NotReady("the controller is still starting; join again in a few seconds")
+        return loop.fleet
+
     @rpc_method
     def GetRunStatus(self, request, context):
         loop = self._loop()
         last = getattr(loop, "last_metrics", {}) or {}
+        described = loop.fleet.describe() if loop is not None else []
+        members = [m for m in described if not m["state"].startswith("left")]
+        services = {**self.services, **{m["name"]: m["address"] for m in members}}
+        if loop is not None:  # replicas that left are no longer the run's
+            started = {m["address"] for m in members}
+            services = {r: a for r, a in services.items()
+                        if not (r == "rollout" or r.startswith("rollout-")) or a in started}
         return controller_pb2.RunStatus(
             run_name=self.run_name, step=getattr(loop, "step", 0),
             policy_version=int(last.get("policy_version", 0)),
-            services=[controller_pb2.ServiceEndpoint(role=r, address=a) for r, a in self.services.items()],
+            services=[controller_pb2.ServiceEndpoint(role=r, address=a) for r, a in services.items()],
             last_metrics={**{k: float(v) for k, v in last.items() if isinstance(v, (int, float))},
                           **({"controller/buffered_groups": float(loop.buffered())}
-                             if loop is not None else {})})
+                             if loop is not None else {})},
+            fleet=[controller_pb2.FleetMember(**m) for m in described])
+
+    def Join(self, request, context):
+        """Not under rpc_method: a refusal is this one line here and the replica's one line there."""
+        loop = self._loop()
+        try:
+            member = self._fleet().join(request.address, request.name, request.model_identity,
+                                        request.model_summary, request.model_architecture)
+        except RlfleetError as exc:
+            log.warning(f"refused rollout replica {request.name or '?'} at {request.address}: {exc}")
+            context.abort(status_code_of(exc), str(exc))
+        return controller_pb2.JoinResponse(run_name=self.run_name, name=member.name,
+                                           policy_version=int(getattr(loop, "_rollout_version", 0)))
+
+    @rpc_method
+    def Leave(self, request, context):
+        fleet = self._fleet()
+        member = fleet.leave(request.address, request.timeout_s or DEFAULT_DRAIN_S,
+                             request.reason or "drained")
+        return controller_pb2.LeaveResponse(finished=member.finished, handed_back=member.handed_back)
+
+
+def _log_refused(method: str, reason: str) -> None:
+    """The controller's line for a replica turned away for its token (its own line says the same)."""
+    if method == JOIN_METHOD:
+        log.warning(f"refused a rollout replica's Join: {reason} (it must use this job's security.token)")
 
 
 def start_status_server(host: str, port: int, run_name: str, services: dict[str, str],
                         loop: Callable[[], object | None], security: Security | None = None) -> ServiceServer:
-    """Serves the controller's status (and health) on host:port; port 0 picks a free one."""
-    server = ServiceServer([SERVICE_NAME], host, port, security=security)
+    """Serves the controller's status, fleet membership (and health) on host:port; port 0 picks a free one."""
+    server = ServiceServer([SERVICE_NAME], host, port, security=security, on_refused=_log_refused)
     server.add(controller_pb2_grpc.add_ControllerServicer_to_server,
                ControllerServicer(run_name, services, loop))
     server.start()

@@ -11,6 +11,8 @@ from controller.clients import LearnerClient, RolloutClient
 
 log = structlog.get_logger(__name__)
 
+MAX_REPLICAS = 256  # rollout replicas a weight group can hold
+
 
 class WeightSync:
     def __init__(self, learner: LearnerClient, rollouts: list[RolloutClient], timeout_s: float,
@@ -19,7 +21,9 @@ class WeightSync:
         self.rollouts = rollouts
         self.timeout_s = timeout_s
         self.verify = verify  # compare weight digests after every sync (one extra pass over the weights)
-        self._pool = ThreadPoolExecutor(max_workers=1 + len(rollouts), thread_name_prefix="weight-sync")
+        # One thread per member of the largest fleet (threads start only as needed): a pull queued
+        # behind another would leave the push waiting for a receiver that never comes.
+        self._pool = ThreadPoolExecutor(max_workers=1 + MAX_REPLICAS, thread_name_prefix="weight-sync")
 
     def open(self) -> str:
         """Opens the learner's group and has every rollout join it; returns the rendezvous address."""

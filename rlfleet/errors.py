@@ -78,3 +78,9 @@ class CheckpointError(RlfleetError, RuntimeError):
     """A checkpoint is missing or corrupt."""
 
     grpc_code = "FAILED_PRECONDITION"
+
+
+class FleetRefused(RlfleetError, PermissionError):
+    """A rollout replica may not join the run's fleet (a different model), or the address is no member."""
+
+    grpc_code = "FAILED_PRECONDITION"

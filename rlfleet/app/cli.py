@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 import threading
 
-from rlfleet.app import config_show, eval_command, health_cli, plot, sft_command
+from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, sft_command
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
-from rlfleet.errors import RlfleetError
+from rlfleet.errors import FleetRefused, RlfleetError
 from rlfleet.models import command as model_command
+
+
+REFUSED_EXIT = 78  # = rlfleet.rpc.service_main.LOAD_FAILED_EXIT (sysexits' EX_CONFIG)
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--name", help="name in logs and in RUN_DIR/services/ (default: the role; "
                        "rollout replicas are rollout, rollout-1, …)")
     serve.add_argument("--index", type=int, default=0, help="replica index: picks the GPU under device=auto")
+    serve.add_argument("--join", metavar="CONTROLLER_HOST:PORT", help="rollout only: join the fleet of a "
+                       "running job (the controller's address is in `rlfleet status RUN_DIR --json`)")
+    serve.add_argument("--advertise", metavar="HOST[:PORT]", help="with --join: the address the controller "
+                       "reaches this replica at (default: rollout.host, or this machine's name when it "
+                       "binds 0.0.0.0)")
     _config_args(serve)
     _config_args(sub.add_parser("controller", help="run the GRPO loop against running services "
                                 "(rollout.address=… reward.address=… learner.address=…)"))
@@ -51,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_parser(sub)
     health_cli.add_parser(sub)
     config_show.add_parser(sub)
+    fleet_cli.add_parser(sub)
     return parser
 
 
@@ -80,12 +90,18 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.launch import run_job
         run_job(_load(args))
     elif args.command == "serve":
-        from rlfleet.app.serve import SERVERS
-        SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
+        from rlfleet.app.serve import SERVERS, serve_rollout
+        if args.join and args.role != "rollout":
+            raise RlfleetError("--join is for `rlfleet serve rollout` only")
+        if args.join:  # a joiner's default name differs from the run's replicas' and other joiners'
+            import socket
+            name = args.name or f"rollout-{socket.gethostname().split('.')[0]}-{os.getpid()}"
+            serve_rollout(_load(args), name=name, index=args.index, join=args.join, advertise=args.advertise)
+        else:
+            SERVERS[args.role](_load(args), name=args.name or args.role, index=args.index)
     elif args.command == "controller":
         cfg = _load(args)
-        missing = [r for r in ("rollout", "reward", "learner") if not getattr(cfg, r).address
-                   and (r != "rollout" or not cfg.rollout.addresses)]
+        missing = [r for r in ("reward", "learner") if not getattr(cfg, r).address]
         if missing:
             raise RlfleetError("rlfleet controller needs "
                                + " ".join(f"{r}.address=HOST:PORT" for r in missing))
@@ -96,6 +112,9 @@ def dispatch(args: argparse.Namespace) -> int:
                       run=cfg.run.name)
         addresses = {r: getattr(cfg, r).address for r in ("rollout", "reward", "learner")
                      if getattr(cfg, r).address}
+        if not (cfg.rollout.address or cfg.rollout.addresses):
+            print("rlfleet: no rollout.address: the controller waits for rollout replicas to join "
+                  "(`rlfleet serve rollout --join CONTROLLER_HOST:PORT`)", flush=True)
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
@@ -120,6 +139,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_reward_command(args)
     elif args.command == "health":
         return health_cli.run(args, _security_of(getattr(args, "config", None)))
+    elif args.command == "fleet":
+        return fleet_cli.run(args, _security_of(args.config, args.run))
     elif args.command == "config":
         return config_show.run(args)
     elif args.command == "build-model":
@@ -159,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except RlfleetError as exc:
         print(f"rlfleet: error: {exc}", file=sys.stderr)
-        return 2
+        # A replica refused by the run's controller (token, model) would be refused again: systemd and
+        # Slurm do not restart on this code (as for a service whose load failed for good).
+        return REFUSED_EXIT if isinstance(exc, FleetRefused) else 2
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ from rlfleet.rpc.service_main import run_service
 ROLES = ("rollout", "reward", "learner")
 
 
-def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None:
+def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: str | None = None,
+                  advertise: str | None = None) -> None:
+    """`join`: the controller (HOST:PORT) of a running job whose fleet this replica joins once it
+    serves (rlfleet/app/fleet_member.py); `advertise`: the address the controller reaches it at."""
     from rlfleet.extensions import ROLLOUT_ENGINES
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
@@ -31,8 +34,13 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
         engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, rollout_cfg, cfg.run.seed)
         servicer.attach(engine)
 
+    on_serving = None
+    if join:
+        from rlfleet.app.fleet_member import join_when_serving
+        on_serving = join_when_serving(join, security, name, resolve_model_path(cfg.model.path),
+                                       cfg.controller.service_wait_s, advertise)
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
-                servicer, load, name=name, security=security)
+                servicer, load, name=name, security=security, on_serving=on_serving)
 
 
 def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:

@@ -4,7 +4,9 @@ One row per service announced in `RUN_DIR/services/<role>.json` (and per service
 the controller uses that was started elsewhere): address, pid, /metrics port,
 restarts by `rlfleet run` (services/restarts.jsonl), health, policy version,
 step, load (queued work), in-flight RPCs, last error.
-The controller row comes from its GetRunStatus RPC.
+The controller row comes from its GetRunStatus RPC, and so does every rollout replica in the run's
+fleet (`fleet`: live, joining or leaving, and whether it joined while the run went on) — replicas
+that joined from other machines included.
 """
 
 from __future__ import annotations
@@ -43,12 +45,15 @@ COLUMNS = (
     "step",
     "load",
     "in_flight",
+    "fleet",
     "last_error",
 )
 
 
 def _kind(name: str) -> str:
-    """`rollout-2` (a replica) -> `rollout`."""
+    """`rollout-2` (a replica), `rollout-node7-1234` (one that joined) -> `rollout`."""
+    if name.startswith("rollout-"):
+        return "rollout"
     base, _, index = name.rpartition("-")
     return base if base and index.isdigit() else name
 
@@ -88,25 +93,33 @@ def _query_service(row: dict[str, Any], channel: grpc.Channel) -> None:
         row["metrics_port"] = st.metrics_port
 
 
-def _query_controller(row: dict[str, Any], channel: grpc.Channel) -> list[tuple[str, str]]:
-    """Fills the controller row; returns the (role, address) of the services it uses."""
+def _query_controller(row: dict[str, Any], channel: grpc.Channel,
+                      fleet: dict[str, str]) -> list[tuple[str, str]]:
+    """Fills the controller row and `fleet` (address -> membership); returns the (role, address) of the
+    services it uses."""
     st = controller_pb2_grpc.ControllerStub(channel).GetRunStatus(common_pb2.GetStatusRequest(), timeout=5)
     last = dict(st.last_metrics)
+    members = [m for m in st.fleet if not m.state.startswith("left")]
+    for m in members:
+        fleet[m.address] = f"{m.state}{' (joined)' if m.joined else ''}, {m.groups} groups"
     load = f"{last.get('controller/buffered_groups', 0):.0f} groups buffered"
+    if members:
+        load += f", {sum(m.state != 'joining' for m in members)} replicas"
     if "reward/mean" in last:
         load += f", reward {last['reward/mean']:.3f}"
     row.update(version=st.policy_version, step=st.step, load=load)
     return [(s.role, s.address) for s in st.services]
 
 
-def _query(row: dict[str, Any], security: Security | None) -> list[tuple[str, str]]:
+def _query(row: dict[str, Any], security: Security | None,
+           fleet: dict[str, str] | None = None) -> list[tuple[str, str]]:
     channel = open_channel(row["address"], security)
     try:
         row["health"] = health_status(channel)
         if row["health"] == "UNREACHABLE":
             return []
         if row["role"] == "controller":
-            return _query_controller(row, channel)
+            return _query_controller(row, channel, fleet if fleet is not None else {})
         _query_service(row, channel)
     except grpc.RpcError as err:
         row["last_error"] = f"status failed: {err.code().name}"
@@ -160,16 +173,20 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
         raise DataError(f"{run_dir} has no services/ folder: is it a run folder (<output_dir>/<name>)?")
     rows = _announced(folder)
     known = {(r["role"], r["address"]) for r in rows}
+    fleet: dict[str, str] = {}
     for row in list(rows):
         if row["address"] == "-":
             continue
         # services the controller uses that announced nowhere here
-        for role, address in _query(row, security):
+        for role, address in _query(row, security, fleet):
             if (role, address) not in known:
                 known.add((role, address))
                 extra = _row(role, address, pid="external")
                 _query(extra, security)
                 rows.append(extra)
+    for row in rows:
+        if _kind(row["role"]) == "rollout":
+            row["fleet"] = fleet.get(row["address"], "-" if not fleet else "not a member")
     order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3}
     return sorted(rows, key=lambda r: (order.get(_kind(r["role"]), 9), r["role"], r["address"]))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,8 +77,10 @@ class Security:
         return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
                                             certificate_chain=self.cert)
 
-    def server_interceptors(self) -> list[grpc.ServerInterceptor]:
-        return [TokenInterceptor(self.token)] if self.token else []
+    def server_interceptors(self, on_refused: Callable[[str, str], None] | None = None
+                            ) -> list[grpc.ServerInterceptor]:
+        """`on_refused(method, reason)` hears of every call refused for its token."""
+        return [TokenInterceptor(self.token, on_refused)] if self.token else []
 
     def client_interceptors(self) -> list[grpc.UnaryUnaryClientInterceptor]:
         return [TokenClientInterceptor(self.token)] if self.token else []
@@ -133,8 +136,9 @@ def _refuse(details: str):
 class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses any RPC but health without the bearer token, before the request is handled."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, on_refused: Callable[[str, str], None] | None = None):
         self._expected = f"Bearer {token}".encode()
+        self._on_refused = on_refused
 
     def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method or ""
@@ -147,6 +151,8 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
         details = "missing bearer token" if sent is None else "invalid bearer token"
+        if self._on_refused is not None:
+            self._on_refused(method, details)
         deny = _refuse(details)
         # The caller's request is never *read*, let alone parsed: a handler that takes a request
         # stream and never iterates it answers from the headers alone. (A unary handler would

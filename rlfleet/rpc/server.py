@@ -32,8 +32,10 @@ GRPC_OPTIONS = [
 
 class ServiceServer:
     def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16,
-                 security: Security | None = None):
-        """`security`: TLS, token and message limit (rlfleet.rpc.security); None: plain gRPC."""
+                 security: Security | None = None,
+                 on_refused: Callable[[str, str], None] | None = None):
+        """`security`: TLS, token and message limit (rlfleet.rpc.security); None: plain gRPC.
+        `on_refused(method, reason)`: told of each call refused for its bearer token."""
         self.service_names = service_names
         self.security = security = security or Security()
         # SO_REUSEPORT off: a second server on a taken port must fail, not silently split the clients.
@@ -42,7 +44,7 @@ class ServiceServer:
         watches = WatchLimit(security.max_health_watches)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers + watches.limit),
                                    options=options,
-                                   interceptors=[*security.server_interceptors(), watches,
+                                   interceptors=[*security.server_interceptors(on_refused), watches,
                                                  MalformedRequestInterceptor()])
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

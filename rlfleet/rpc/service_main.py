@@ -105,9 +105,11 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
 
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
                 add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None,
-                security: Security | None = None) -> None:
+                security: Security | None = None,
+                on_serving: Callable[[ServiceServer], None] | None = None) -> None:
     """`servicer` must have `attach(core)`; `load()` builds the core and attaches it. `security`: the
-    server's TLS and token (default: built from cfg.security and cfg.limits)."""
+    server's TLS and token (default: built from cfg.security and cfg.limits). `on_serving(server)` runs
+    once it serves (a rollout joining a running job's fleet); an error there stops the server."""
     name = name or role
     setup_logging(name, cfg.run.log_level, cfg.run.dir / "logs" / f"{name}.log", run=cfg.run.name)
     if cfg.run.threads_per_service:
@@ -135,4 +137,10 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
         _fail_loading(cfg.run.dir, name, server, exc)
     server.install_signal_handlers()  # from now on a signal stops it cleanly, letting RPCs finish
     server.mark_serving()
+    if on_serving is not None:
+        try:
+            on_serving(server)
+        except BaseException:
+            server.stop(grace_s=0)
+            raise
     server.wait()

@@ -124,7 +124,7 @@ def test_every_command_parses_with_the_cli_and_config(tmp_path, variant):
 
 def test_services_bind_their_own_names_and_the_controller_finds_them(default_config):
     jobs = _jobs(default_config)
-    for role in ROLES:
+    for role in ("reward", "learner", "controller"):
         service = default_config["services"][role]
         endpoint = getattr(jobs[role][1], role)
         # The host is the container's own name: other containers reach it there, and for the
@@ -132,8 +132,22 @@ def test_services_bind_their_own_names_and_the_controller_finds_them(default_con
         assert endpoint.host == service["hostname"] == role
         assert endpoint.port > 0 and endpoint.metrics_port > 0
     controller = jobs["controller"][1]
-    for role in SERVICES:
+    for role in ("reward", "learner"):
         assert getattr(controller, role).address == f"{role}:{getattr(jobs[role][1], role).port}"
+
+
+def test_the_rollout_service_scales_and_its_containers_join_the_controller(default_config):
+    """`--scale rollout=N`: no fixed hostname (each container has its own address, which it gives the
+    controller when it joins), and the controller takes whoever joins rather than one address."""
+    rollout_args, rollout = _jobs(default_config)["rollout"]
+    controller = _jobs(default_config)["controller"][1]
+    service = default_config["services"]["rollout"]
+    assert "hostname" not in service and "container_name" not in service
+    assert rollout_args.join == f"controller:{controller.controller.port}"
+    assert rollout.rollout.host == "0.0.0.0" and rollout.rollout.port > 0
+    assert controller.rollout.address is None and controller.rollout.addresses == []
+    # a scale-down's SIGTERM leaves time to hand the groups back (the controller waits 60 s at most)
+    assert service["stop_grace_period"] == "2m0s"  # as docker compose config normalises 120s
 
 
 def test_health_checks_ask_each_service_itself(default_config):
@@ -144,7 +158,8 @@ def test_health_checks_ask_each_service_itself(default_config):
         assert check["test"][1] == "rlfleet"
         args = parse_cli(check["test"][2:])
         endpoint = getattr(jobs[role][1], role)
-        assert args.command == "health" and args.address == f"{endpoint.host}:{endpoint.port}"
+        host = "127.0.0.1" if endpoint.host == "0.0.0.0" else endpoint.host  # a wildcard bind answers locally
+        assert args.command == "health" and args.address == f"{host}:{endpoint.port}"
         assert args.config == jobs[role][0].config  # the job's TLS settings, if it has any
 
 
@@ -165,8 +180,10 @@ def test_gpus_restarts_and_start_order(default_config):
     assert services["controller"]["restart"] == "no"  # it does not resume a run
     depends = services["controller"]["depends_on"]
     assert {role: depends[role]["condition"] for role in depends} == dict.fromkeys(
-        SERVICES, "service_healthy"
+        ("reward", "learner"), "service_healthy"
     )
+    # rollout containers join the controller: it must be up (they retry while it starts)
+    assert services["rollout"]["depends_on"]["controller"]["condition"] == "service_started"
 
 
 def test_monitoring_profile_scrapes_every_service_and_shows_the_dashboard():
@@ -181,9 +198,16 @@ def test_monitoring_profile_scrapes_every_service_and_shows_the_dashboard():
     scraped = {
         target: group.get("labels", {}).get("name")
         for job in prom_cfg["scrape_configs"]
-        for group in job["static_configs"]
+        for group in job.get("static_configs", [])
         for target in group["targets"]
     }
+    # the scaled rollout containers: every address the service's name resolves to
+    for job in prom_cfg["scrape_configs"]:
+        for lookup in job.get("dns_sd_configs", []):
+            assert lookup["type"] == "A"
+            names = {relabel["replacement"] for relabel in job["relabel_configs"]
+                     if relabel["target_label"] == "name"}
+            scraped.update({f"{n}:{lookup['port']}": names.pop() for n in lookup["names"]})
     assert scraped == expected
 
     grafana = config["services"]["grafana"]

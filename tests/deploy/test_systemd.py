@@ -245,3 +245,30 @@ def test_the_units_commands_run_a_job_in_systemd_order(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+JOIN_UNIT = UNITS / "rlfleet-rollout-join@.service"
+
+
+@pytest.mark.unit
+def test_the_joining_replica_unit_verifies_and_joins_the_controller(tmp_path):
+    """rlfleet-rollout-join@JOB: a rollout replica on an added host that joins the job's controller."""
+    install_copies(tmp_path, RLFLEET_BIN)
+    proc = verify(tmp_path, ["rlfleet-rollout-join@gsm8k.service"])
+    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+    job = tmp_path / "job.yaml"
+    job.write_text("")
+    env = _env(RLFLEET_CONFIG=str(job), RLFLEET_JOIN_CONTROLLER="head:50050", RLFLEET_HOST="node7")
+    args = parse_cli(command(JOIN_UNIT, "ExecStart", "gsm8k", env)[1:])
+    cfg = load_job(args)
+    assert (args.command, args.role, args.join) == ("serve", "rollout", "head:50050")
+    assert (cfg.rollout.host, cfg.rollout.port) == ("node7", 0)  # a free port: it tells the controller
+    assert (cfg.run.name, cfg.run.output_dir) == (env["RLFLEET_RUN_NAME"], env["RLFLEET_OUTPUT_DIR"])
+    unit = read_unit(JOIN_UNIT)
+    assert values(unit, "Service", "EnvironmentFile") == ["/etc/rlfleet/%i.env"]  # the job's own file
+    assert values(unit, "Service", "Restart") == ["on-failure"]
+    # refused (token, model) or a load that would fail again: not restarted
+    assert values(unit, "Service", "RestartPreventExitStatus") == [str(LOAD_FAILED_EXIT)]
+    assert values(unit, "Service", "KillMode") == ["mixed"]  # SIGTERM to rlfleet, which leaves the run
+    assert int(values(unit, "Service", "TimeoutStopSec")[0].rstrip("s")) > 60  # the leave's 60 s drain
+    assert not values(unit, "Unit", "PartOf")  # not a part of the job's target: it comes and goes alone

@@ -40,6 +40,16 @@ class ControllerStub:
                 request_serializer=rlfleet_dot_v1_dot_common__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_controller__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/rlfleet.v1.Controller/Join',
+                request_serializer=rlfleet_dot_v1_dot_controller__pb2.JoinRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_controller__pb2.JoinResponse.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/rlfleet.v1.Controller/Leave',
+                request_serializer=rlfleet_dot_v1_dot_controller__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_controller__pb2.LeaveResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -51,6 +61,22 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """A rollout replica asks to take part in the run. Refused with UNAUTHENTICATED (wrong token) or
+        FAILED_PRECONDITION (a different model); accepted replicas get the current weights before any work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """A replica leaves: its in-flight groups are finished (or handed back after timeout_s), then it
+        leaves the weight group. Returns once it is out of the run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +84,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetRunStatus,
                     request_deserializer=rlfleet_dot_v1_dot_common__pb2.GetStatusRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_controller__pb2.RunStatus.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=rlfleet_dot_v1_dot_controller__pb2.JoinRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_controller__pb2.JoinResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=rlfleet_dot_v1_dot_controller__pb2.LeaveRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_controller__pb2.LeaveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +123,60 @@ class Controller:
             '/rlfleet.v1.Controller/GetRunStatus',
             rlfleet_dot_v1_dot_common__pb2.GetStatusRequest.SerializeToString,
             rlfleet_dot_v1_dot_controller__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Controller/Join',
+            rlfleet_dot_v1_dot_controller__pb2.JoinRequest.SerializeToString,
+            rlfleet_dot_v1_dot_controller__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Controller/Leave',
+            rlfleet_dot_v1_dot_controller__pb2.LeaveRequest.SerializeToString,
+            rlfleet_dot_v1_dot_controller__pb2.LeaveResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,287 @@
+"""The rollout fleet: which replicas take part in the run, as they join and leave while it trains.
+
+Members started with the run (`rollout.replicas`, `rollout.addresses`) are in it from the start; a
+failure of one of those is waited out (controller/recovery.py: `rlfleet run` restarts it). Members
+that joined (`rlfleet serve rollout --join`) leave instead: killed, drained or stopped, their
+in-flight groups go back to the queue and the run goes on with the others.
+
+A member's life: `joining` (accepted, not yet in the weight group) -> `live` (in the weight group
+at the current version, takes work) -> `leaving` (finishes or hands back its groups, takes no new
+work) -> out. Membership changes reach the weight group only at a version boundary: the training
+side re-forms the group over `weight_members()` and pushes the current version (Recovery.resync),
+then calls `commit`, which makes joiners live. So a joiner never generates before it holds the
+current weights, and every later version reaches it with the others in the one broadcast.
+
+The fleet is shared by the gRPC threads (Join, Leave), the heartbeat thread and the loop's
+threads: every change happens under its lock; the loop reads snapshots.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from rlfleet.errors import FleetRefused, RlfleetError
+from rlfleet.models.identity import difference, identity_of
+from controller.clients import RolloutClient
+
+log = structlog.get_logger(__name__)
+
+JOINING, LIVE, LEAVING = "joining", "live", "leaving"
+
+
+@dataclass(eq=False)
+class Member:
+    name: str
+    client: RolloutClient
+    joined: bool  # joined while the run went on (leaves on failure) rather than started with it
+    state: str = LIVE
+    since: float = field(default_factory=time.time)
+    groups: int = 0  # groups it generated in this run
+    misses: int = 0  # heartbeats in a row it did not answer
+    idle: threading.Event = field(default_factory=threading.Event)  # its generation thread ended
+    gone: threading.Event = field(default_factory=threading.Event)  # out of the run
+    finished: int = 0  # groups it finished while leaving
+    handed_back: int = 0  # groups re-queued from it while leaving
+    served: bool = True  # held the run's weights and took work at some point (a leave counts)
+    generating: bool = False  # the loop started its generation thread
+    leave_reason: str = ""  # drained, sigterm
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    def takes_work(self) -> bool:
+        return self.state == LIVE and not self.gone.is_set()
+
+
+class Fleet:
+    def __init__(self, initial: list[RolloutClient], *, architecture: dict | None = None, summary: str = "",
+                 connect: Callable[[str], RolloutClient] | None = None,
+                 note: Callable[..., None] = lambda event, **fields: None,
+                 heartbeat_s: float = 1.0, max_misses: int = 3, heartbeat_timeout_s: float = 3.0):
+        """`initial`: the replicas the run started with; `architecture`/`summary`: the run's model
+        (rlfleet.models.identity), whose identity a joiner must share; `connect`: a client to a joiner's
+        address (waits until it serves); `note`: the journal; a joined member that misses
+        `max_misses` heartbeats in a row (`heartbeat_s` apart, each with `heartbeat_timeout_s`: a
+        busy replica may answer late, a dead one is refused at once) is taken for dead."""
+        self.architecture, self.summary = architecture, summary
+        self.identity = identity_of(architecture) if architecture is not None else None
+        self._connect = connect
+        self._note = note
+        self.heartbeat_s, self.max_misses = heartbeat_s, max_misses
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._lock = threading.Lock()
+        self._members: dict[str, Member] = {}
+        for index, client in enumerate(initial):
+            self._members[client.address] = Member("rollout" if index == 0 else f"rollout-{index}", client,
+                                                   joined=False)
+        self._departed: dict[str, str] = {}  # address -> why it left (a drained replica reads it and stops)
+        self.joins = 0
+        self.leaves = 0
+        # who the weight group holds now (members by identity); another set asks for a re-form
+        self._in_group: frozenset[Member] = frozenset(self._members.values())
+        self.on_live: Callable[[Member], None] = lambda member: None  # the loop starts its generation
+        self.on_change: Callable[[], None] = lambda: None  # wakes the loop's waiters
+
+    # ---- reading ------------------------------------------------------------------------------
+    def members(self) -> list[Member]:
+        with self._lock:
+            return list(self._members.values())
+
+    def live(self) -> list[Member]:
+        return [m for m in self.members() if m.state in (LIVE, LEAVING)]
+
+    def weight_members(self) -> list[Member]:
+        """Who the next re-formed weight group takes: all but members that finished leaving."""
+        return [m for m in self.members() if not (m.state == LEAVING and m.idle.is_set())]
+
+    def reform_pending(self) -> bool:
+        """Whether the weight group should be re-formed at the next version boundary: someone joined,
+        left or finished leaving since the last one."""
+        return frozenset(self.weight_members()) != self._in_group
+
+    def metrics(self) -> dict[str, float]:
+        return {"fleet/replicas": float(len(self.live())), "fleet/joins": float(self.joins),
+                "fleet/leaves": float(self.leaves)}
+
+    # ---- joining ------------------------------------------------------------------------------
+    def join(self, address: str, name: str, identity: str, summary: str = "",
+             architecture: str = "") -> Member:
+        """Accepts the replica at `address` (FleetRefused: another model); it takes work once the
+        next re-formed weight group gave it the current version."""
+        if self._connect is None or self.identity is None:
+            raise FleetRefused("this controller does not take joining replicas")
+        if identity != self.identity:
+            raise FleetRefused(f"it serves a different model than this run: {self._difference(architecture)} "
+                               f"(start it with the run's model.path)")
+        with self._lock:
+            old = self._members.get(address)
+        if old is not None:  # back after a restart the heartbeat has not noticed yet: it starts afresh
+            self.remove(old, "rejoined")
+        client = self._connect(address)
+        try:  # calls both ways carry the job's token: the replica must take the controller's too
+            client.status(timeout_s=5.0)
+        except RlfleetError as exc:
+            client.close()
+            raise FleetRefused(f"the controller cannot call it back ({exc}): does it use this job's security "
+                               "settings?") from None
+        with self._lock:
+            taken = {m.name for m in self._members.values()}
+            if not name or name in taken:
+                name = next(f"rollout-{i}" for i in range(1, 10_000) if f"rollout-{i}" not in taken)
+            member = Member(name, client, joined=True, state=JOINING, served=False)
+            self._members[address] = member
+            self._departed.pop(address, None)
+        self._note("join_accepted", replica=address, name=name)
+        log.info("replica accepted; it gets the current weights at the next version boundary",
+                 replica=address, name=name)
+        self._changed()
+        return member
+
+    def _difference(self, architecture: str) -> str:
+        try:
+            theirs = json.loads(architecture)
+        except ValueError:
+            theirs = None
+        if isinstance(theirs, dict) and self.architecture is not None:
+            return difference(self.architecture, theirs)
+        return "its architecture or tokenizer differs"
+
+    def commit(self, synced: list[Member], version: int) -> None:
+        """A re-formed group served `version` to `synced`: joiners among them go live; members that
+        finished leaving and were left out are gone."""
+        started = []
+        with self._lock:
+            self._in_group = frozenset(synced)
+            for member in synced:
+                if member.state == JOINING and self._members.get(member.address) is member:
+                    member.state, member.since, member.served = LIVE, time.time(), True
+                    self.joins += 1
+                    started.append(member)
+            finished = [m for m in self._members.values()
+                        if m.state == LEAVING and m.idle.is_set() and m not in synced]
+        for member in started:
+            self._note("joined", replica=member.address, name=member.name, version=version)
+            log.info("replica joined", replica=member.address, name=member.name, version=version,
+                     replicas=len(self.live()))
+            self.on_live(member)
+        for member in finished:
+            self.remove(member, member.leave_reason or "drained")
+
+    def drop_joining(self, reason: str) -> None:
+        """Joiners that a re-formed group could not take (their join or pull failed) are turned away,
+        so they cannot hold up the members already working."""
+        for member in self.members():
+            if member.state == JOINING:
+                self.remove(member, reason)
+
+    # ---- leaving ------------------------------------------------------------------------------
+    def find(self, address: str) -> Member:
+        with self._lock:
+            member = self._members.get(address)
+        if member is None:
+            raise FleetRefused(f"no rollout replica at {address} in this run (members: "
+                               f"{', '.join(self._members) or 'none'})")
+        return member
+
+    def leave(self, address: str, timeout_s: float, reason: str = "drained") -> Member:
+        """Stops giving `address` work, lets it finish its groups for `timeout_s` (then hands the rest
+        back), and returns once it is out of the weight group (at the next version boundary)."""
+        member = self.find(address)
+        with self._lock:
+            member.leave_reason = reason
+            was = member.state
+            if member.state in (JOINING, LIVE):
+                member.state = LEAVING
+        self._note("leaving", replica=address, reason=reason)
+        if was == JOINING:  # never in the weight group, never worked: nothing to finish
+            member.idle.set()
+            self.remove(member, reason)
+            return member
+        self._changed()
+        if not member.idle.wait(timeout_s):
+            member.client.close()  # cuts its stream: the groups not yet back are re-queued
+            member.idle.wait(10)
+        self._changed()  # re-form without it
+        if not member.gone.wait(timeout_s + 60):
+            self.remove(member, reason)  # the boundary did not come: it goes anyway
+        return member
+
+    def thread_ended(self, member: Member) -> None:
+        """The member's generation thread ended (it left or failed)."""
+        member.idle.set()
+        self._changed()
+
+    def remove(self, member: Member, reason: str) -> None:
+        with self._lock:
+            if self._members.get(member.address) is not member or member.gone.is_set():
+                return
+            del self._members[member.address]
+            self._departed[member.address] = reason
+            while len(self._departed) > 1000:
+                del self._departed[next(iter(self._departed))]
+            member.gone.set()
+            self.leaves += member.served
+        member.client.close()
+        self._note("left", replica=member.address, name=member.name, reason=reason,
+                   finished=member.finished, handed_back=member.handed_back)
+        log.warning("replica left", replica=member.address, name=member.name, reason=reason,
+                    replicas=len(self.live()))
+        self._changed()
+
+    def _changed(self) -> None:
+        self.on_change()
+
+    # ---- noticing the dead --------------------------------------------------------------------
+    def check(self) -> list[Member]:
+        """One heartbeat: a joined member that missed `max_misses` in a row is removed (its stream is
+        cut, so its groups are re-queued). Returns those removed."""
+        dead = []
+        for member in self.members():
+            if not member.joined or member.gone.is_set():
+                continue
+            try:
+                member.client.status(timeout_s=self.heartbeat_timeout_s)
+                member.misses = 0
+            except RlfleetError:
+                member.misses += 1
+                if member.misses >= self.max_misses:
+                    dead.append(member)
+        for member in dead:
+            self.remove(member, "unreachable")
+        return dead
+
+    def prune(self) -> None:
+        """After a failed re-form: joined members that do not answer at once are out."""
+        for member in self.members():
+            if member.joined:
+                try:
+                    member.client.status(timeout_s=2.0)
+                except RlfleetError:
+                    self.remove(member, "unreachable")
+
+    def watch(self, stop: threading.Event) -> threading.Thread:
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_s):
+                try:
+                    self.check()
+                except Exception:  # noqa: BLE001 - the heartbeat must outlive one bad round
+                    log.exception("fleet heartbeat failed")
+        thread = threading.Thread(target=beat, name="fleet-heartbeat", daemon=True)
+        thread.start()
+        return thread
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The members, then those that left (state `left: <reason>`; a drained replica stops on it)."""
+        with self._lock:
+            departed = dict(self._departed)
+        return [*({"name": m.name, "address": m.address, "state": m.state, "joined": m.joined,
+                   "groups": m.groups, "since": m.since} for m in self.members()),
+                *({"name": "", "address": a, "state": f"left: {why}", "joined": True, "groups": 0,
+                   "since": 0.0} for a, why in departed.items())]

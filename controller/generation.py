@@ -1,0 +1,215 @@
+"""The generation side of the GRPO loop: one thread per member of the rollout fleet.
+
+Each thread asks for work when its member is free (which spreads groups by load), streams the
+member's groups to the scoring threads, which score them off the generation thread (a slow or
+unreachable reward never stalls a rollout stream) and buffer them for the training side. A
+member that fails or leaves hands its prompts not yet returned back to the queue.
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import structlog
+
+from rlfleet.data.prompts import Prompt
+from rlfleet.errors import ServiceUnavailable
+from rlfleet.types import Completion, PromptRequest
+from controller.fleet import LEAVING, Member
+from controller.groups import ScoredGroup, score_items
+from controller.recovery import Stopped
+from controller.state import Dispatch, sampling_seed
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class ScoredGroupInput:
+    """A generated group waiting for its rewards."""
+
+    seq: int
+    prompt: Prompt
+    request_id: str
+    completions: list[Completion]
+    gen_s: float
+    replica: str
+
+
+class Leaving(Exception):
+    """A member's generation thread ends: the member is leaving or left the fleet."""
+
+
+MAX_SCORING_THREADS = 8
+
+
+class GenerationSide:
+    """The generation side of GRPOLoop (controller/loop.py): a thread per fleet member asks for
+    work when the member is free, streams its groups to the scoring threads, and hands its
+    prompts back when the member fails or leaves. State lives on the loop."""
+
+    def _admit(self, member: Member) -> Dispatch:
+        """Blocks until the gate admits work (or a re-queued request waits); returns the request.
+        Leaving when `member` takes no more work."""
+        with self._cond:
+            while not self.stop.is_set():
+                if not member.takes_work():
+                    raise Leaving(member.address)
+                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                if self._requeue and not paused:
+                    return self._requeue.popleft()  # already admitted; its slots are counted
+                limit = self.gate.admission_limit(self._rollout_version)
+                if self._admitted < limit and not paused:
+                    count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
+                    self._admitted += count
+                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
+                    for _ in range(count):
+                        dispatch.members.append((self._seq, self.source.next()))
+                        self._live[self._seq] = dispatch
+                        self._seq += 1
+                    return dispatch
+                self._cond.wait(0.5)
+        raise Stopped("stopping")
+
+    def _await_first_member(self) -> None:
+        wait_s = max(self.cfg.controller.connect_timeout_s, self.cfg.controller.service_wait_s)
+        log.warning("no rollout replica yet; waiting for one to join", wait_s=wait_s)
+        deadline = time.monotonic() + wait_s
+        while not self.fleet.members():
+            if self.stop.wait(0.5):
+                raise Stopped("stopping")
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(f"no rollout replica joined within {wait_s:g}s "
+                                         "(controller.connect_timeout_s, controller.service_wait_s): start "
+                                         "them with `rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
+        self.recovery.resync(self._start_version)
+
+    def _start_generation(self, member: Member) -> None:
+        if member.generating:
+            return
+        member.generating = True
+        thread = threading.Thread(target=self._generate_forever, args=(member,),
+                                  name=f"generation-{member.name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        scorers = sum(t.name.startswith("scoring-") for t in self._threads)
+        if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
+            self._start_scoring(scorers)
+
+    def _start_scoring(self, index: int) -> None:
+        thread = threading.Thread(target=self._score_forever, name=f"scoring-{index}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _generate_forever(self, member: Member) -> None:
+        rollout = member.client
+        try:
+            while not self.stop.is_set():
+                dispatch = self._admit(member)
+                prompts = dispatch.request_ids()
+                requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
+                params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
+                for seq, prompt in dispatch.members:
+                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
+                               version=self._rollout_version,
+                               replica=rollout.address)
+                started = time.perf_counter()
+                pending = dict(prompts)
+                try:
+                    for group in rollout.generate(requests, params):
+                        seq, prompt = pending.pop(group.request_id)
+                        member.groups += 1
+                        member.finished += member.state == LEAVING
+                        self._note("generated", seq=seq,
+                                   version=min(c.policy_version for c in group.completions),
+                                   replica=rollout.address)
+                        waiting = ScoredGroupInput(seq, prompt, group.request_id, group.completions,
+                                                   time.perf_counter() - started, rollout.address)
+                        with self._cond:
+                            self._to_score.append(waiting)
+                            self._cond.notify_all()
+                        started = time.perf_counter()
+                except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
+                    if self.stop.is_set():  # the stream was cut by the loop's own exit
+                        return
+                    if member.joined or not member.takes_work():  # an elastic member leaves instead
+                        member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
+                                                                    "replica_left", exc)
+                        if member.state != LEAVING:
+                            self.fleet.remove(member, "failed")
+                        return
+                    self.recovery.rollout_failed(rollout, dispatch, pending, exc)
+        except (Stopped, Leaving):
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
+            self._fail(exc)
+        finally:
+            self.fleet.thread_ended(member)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+
+    def _score_forever(self) -> None:
+        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
+        stays counted as admitted, and is buffered once scored (or the run stops)."""
+        try:
+            while True:
+                with self._cond:
+                    while not self._to_score:
+                        if self.stop.is_set():
+                            return
+                        self._cond.wait(0.5)
+                    waiting = self._to_score.popleft()
+                    self._scoring += 1
+                try:
+                    t0 = time.perf_counter()
+                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
+                                                              waiting.request_id))
+                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
+                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
+                    self._note("scored", seq=scored.seq, failed=scored.failed)
+                    with self._cond:
+                        self._failed["items"] += scored.failed
+                        self._failed["groups"] += bool(results) and scored.failed == len(results)
+                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                finally:
+                    with self._cond:
+                        self._scoring -= 1
+                        self._cond.notify_all()
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
+            if not self.stop.is_set():
+                self._fail(exc)
+
+    def buffered(self) -> int:
+        """Scored groups waiting to be trained."""
+        with self._cond:
+            return len(self._buffer)
+
+    def _check_fleet_not_empty(self) -> None:
+        """With no replica live (all left), the run waits for one to join, controller.service_wait_s
+        at most."""
+        if self.fleet.members():
+            self._empty_since = None
+            return
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+            log.warning("no rollout replica left in the fleet; waiting for one to join",
+                        wait_s=self.cfg.controller.service_wait_s)
+        elif now - self._empty_since > self.cfg.controller.service_wait_s:
+            raise ServiceUnavailable(f"no rollout replica in the fleet for controller.service_wait_s="
+                                     f"{self.cfg.controller.service_wait_s:g}s: add one with "
+                                     "`rlfleet serve rollout --join CONTROLLER_HOST:PORT`")
+
+    def _generate_for_eval(self, prompts, params):
+        """Evaluation generates on a live member (the first replica may have left)."""
+        live = [m for m in self.fleet.live() if m.takes_work()] or self.fleet.live()
+        if not live:
+            raise ServiceUnavailable("no rollout replica in the fleet to evaluate with")
+        return live[0].client.generate(prompts, params)
