@@ -121,13 +121,15 @@ class Recovery:
         loop = self.loop
         left = [(seq, prompt) for seq, prompt in dispatch.members
                 if any(s == seq for s, _ in pending.values())]
+        # Journalled before the prompts become visible to the other generation threads: the journal
+        # must show a requeue before the dispatch to another replica that follows it.
+        for seq, _ in left:
+            loop._note("requeued", seq=seq, reason=reason, replica=rollout.address)
         with loop._cond:
             if left:
                 dispatch.members = left
                 loop._requeue.appendleft(dispatch)
             loop._cond.notify_all()
-        for seq, _ in left:
-            loop._note("requeued", seq=seq, reason=reason, replica=rollout.address)
         self._event("rollout_failed", replica=rollout.address, requeued=len(left), error=str(exc)[:200])
         return len(left)
 
