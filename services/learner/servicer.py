@@ -54,6 +54,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     @rpc_method
     def Train(self, request, context):
         learner = self._ready()
+        self.weight_ops.refuse_while_held("Train")
         validate.train(request, self.limits, _vocab_size(learner))
         batch = convert.train_batch_from_proto(request)
         with self.metrics.queued(len(batch.samples)):
@@ -86,6 +87,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     @rpc_method
     def SaveCheckpoint(self, request, context):
         learner = self._ready()
+        self.weight_ops.refuse_while_held("SaveCheckpoint")
         validate.version(request.step, "step")
         return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
 
