@@ -47,6 +47,15 @@ class Child:
         if load_error:  # the service's own words, not whatever line its stderr happened to end with
             return (f"the {self.role} service (pid {self.proc.pid}) failed while loading: {load_error} "
                     f"(full output: {self.stderr_path})")
+        code = self.proc.returncode
+        if code is not None and code < 0:
+            # Killed from outside (kill -9, the OOM killer): its last stderr line says nothing about why.
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                name = ""
+            return (f"the {self.role} service (pid {self.proc.pid}) was killed by signal {-code}{name}; "
+                    f"its log: {self.stderr_path}")
         tail = ""
         try:
             lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
