@@ -5,7 +5,8 @@ the tokenizer, `optimizer.pt`, `trainer_state.pt` (RNG states of python, numpy a
 the critic's weights and optimizer when PPO trains one, an LR scheduler's state if any)
 and `meta.json` (step, policy version, and the size of every file). It is built in
 `step_N.tmp-<pid>` and renamed to `step_N` only when complete, with `meta.json` written
-last, so a half-written one is never picked. `meta.json` records each file's size and sha256
+last, so a half-written one is never picked (and the next learner to start removes it if its writer
+is gone: remove_stale_temporaries). `meta.json` records each file's size and sha256
 (rlfleet/checkpoint_files.py); loading checks both, so a missing, truncated or damaged file is
 a CheckpointError naming it, and `latest`/`auto` take the newest checkpoint that passes,
 warning about each newer one passed over.
@@ -62,6 +63,33 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Removes the `step_N.tmp-<pid>` folders of learners that died while saving (a real model's
+    weights and optimizer each); returns them. This process's own and those of a process still
+    alive are left alone: only one learner writes a run's checkpoints, but a pid is only known gone
+    when no process has it."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for tmp in sorted(root.glob("step_*.tmp-*")):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if not pid.isdigit() or int(pid) <= 0 or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: Any,

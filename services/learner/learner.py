@@ -20,7 +20,7 @@ from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
 from services.learner.batching import validate_samples
-from services.learner.checkpoint import save_checkpoint
+from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
@@ -38,6 +38,8 @@ class Learner:
         self.algorithm = algorithm or AlgorithmConfig()
         self.device = device
         self.checkpoint_dir = checkpoint_dir
+        for stale in remove_stale_temporaries(checkpoint_dir):  # left by a learner killed while saving
+            log.warning("removed a half-written checkpoint of a learner that died while saving", path=str(stale))
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
