@@ -39,7 +39,7 @@ class Learner:
         self.device = device
         self.checkpoint_dir = checkpoint_dir
         for stale in remove_stale_temporaries(checkpoint_dir):  # left by a learner killed while saving
-            log.warning("removed a half-written checkpoint of a learner that died while saving", path=str(stale))
+            log.warning("removed the half-written checkpoint of a learner that died saving", path=str(stale))
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
