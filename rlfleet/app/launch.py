@@ -223,6 +223,19 @@ def local_learner_checkpoints(run_dir: Path, spec: str) -> dict[int, str]:
     return {step: str(path) for step, path in found.items()}
 
 
+def resolve_local_resume(cfg: JobConfig) -> None:
+    """`controller.resume` under `rlfleet run`: the learner is not started yet, so its checkpoints are
+    read here, where both roles' files are local; the learner is then started from the chosen one.
+    The controller is handed the chosen step by name, so it does not walk the run's states again
+    (and warn a second time about a damaged one it passes over)."""
+    from controller.state import resolve_resume
+
+    found = local_learner_checkpoints(cfg.run.dir, cfg.controller.resume)
+    state_file, checkpoint = resolve_resume(cfg.run.dir, cfg.controller.resume, found)
+    cfg.learner.resume_from = checkpoint
+    cfg.controller.resume = str(state_file)
+
+
 def set_aside_earlier_run(run_dir: Path) -> Path | None:
     """A fresh run in a folder that holds an earlier run's outputs would append to its metrics and mix
     its checkpoints with them: the earlier folder is renamed `<name>.<time>` first, nothing deleted."""
@@ -253,11 +266,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     # model's context fail here, before any service starts.
     prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
-        from controller.state import resolve_resume
-
-        # The learner is not started yet: read its checkpoints here, where both roles' files are local.
-        found = local_learner_checkpoints(cfg.run.dir, cfg.controller.resume)
-        cfg.learner.resume_from = resolve_resume(cfg.run.dir, cfg.controller.resume, found)[1]
+        resolve_local_resume(cfg)
     launcher = Launcher(cfg)
     finished = threading.Event()
 
