@@ -317,7 +317,7 @@ class GRPOLoop:
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
-                0, 0, self.rollout.generate, self.reward.score)})
+                0, 0, self.rollout.generate, self.recovery.score)})
         gen_threads = [threading.Thread(target=self._generate_forever, args=(r,), name=f"generation-{i}",
                                         daemon=True)
                        for i, r in enumerate(self.rollouts)]
@@ -359,9 +359,10 @@ class GRPOLoop:
                     self._failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
+                    # Scored as training scores: a reward outage is waited out (recovery.score).
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
                                                             self.rollout.generate,
-                                                            self.reward.score))
+                                                            self.recovery.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
                 self.last_metrics, self.step = metrics, step
