@@ -129,10 +129,12 @@ class RewardConfig(ServiceEndpointConfig):
                                               "empty: the reward service alone")
     max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many samples "
                                           "in a row got no reward from reward.sources; 0 never stops")
-    fn_workers: int = Field(2, ge=1, le=256, description="worker processes that run reward.fn in the "
-                            "reward service (isolated: a hang or crash fails one item, not the service)")
+    fn_workers: int = Field(2, ge=1, le=256, description="worker processes that run reward.fn (and "
+                            "each function source of reward.sources) in the reward service (isolated: a "
+                            "hang or crash fails one item, not the service)")
     fn_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="deadline of one item's reward.fn "
-                                "call; a late item is a failed item and its worker is replaced")
+                                "(or function source) call; a late item is a failed item and its worker is "
+                                "replaced")
     max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while no "
                                 "reward source can score (reward service or an external server "
                                 "unreachable, circuit open): admission pauses, generated groups wait; "
