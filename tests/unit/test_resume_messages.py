@@ -16,10 +16,11 @@ from rlfleet.config import load_config
 pytestmark = pytest.mark.unit
 
 
-def _checkpoint(run: Path, step: int) -> Path:
+def _checkpoint(run: Path, step: int, fill: int | None = None) -> Path:
+    """A checkpoint folder with its digests, as the learner writes it (one small file)."""
     folder = run / "checkpoints" / f"step_{step}"
     folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(bytes([step]) * 64)
+    (folder / "model.safetensors").write_bytes(bytes([step if fill is None else fill]) * 64)
     (folder / META).write_text(json.dumps({"format": 3, "step": step, "policy_version": step,
                                            "files": file_manifest(folder)}))
     return folder
