@@ -108,6 +108,13 @@ def _connect_store(address: str, timeout_s: float) -> dist.Store:
                           f"not answer as a weight store within {timeout_s:g}s")
 
 
+def probe_store(address: str, timeout_s: float = STORE_CONNECT_S) -> None:
+    """Checks that a weight store answers at `address` (WeightSyncError in one line if not), for a
+    process that joins through others (vLLM's workers): a wrong address fails here, without
+    occupying them."""
+    _connect_store(address, min(timeout_s, STORE_CONNECT_S))
+
+
 class WeightGroup:
     """One rank of the weight-broadcast group; rank 0 is always the sender."""
 

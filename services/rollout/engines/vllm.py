@@ -123,6 +123,9 @@ class VLLMEngine(RolloutEngine):
     # ---- weights --------------------------------------------------------------------------
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
                           token: str | None = None) -> None:
+        from rlfleet.weights.group import probe_store
+
+        probe_store(address, timeout_s)  # a dead or silent address fails here, not in the workers
         self._run(self.engine.collective_rpc(
             "rlfleet_join", args=(address, rank, world_size, backend, timeout_s, token)))
 
