@@ -222,7 +222,7 @@ class GRPOLoop(GenerationSide):
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
-                0, 0, self._generate_for_eval, self.reward.score)})
+                0, 0, self._generate_for_eval, self.recovery.score)})
         self.fleet.commit(self.fleet.weight_members(), self._start_version)  # the initial group
         for member in self.fleet.members():
             self._start_generation(member)
@@ -262,9 +262,10 @@ class GRPOLoop(GenerationSide):
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 metrics.update(self.fleet.metrics())  # fleet/replicas, fleet/joins, fleet/leaves
                 if self.evaluator is not None:
+                    # Scored as training scores: a reward outage is waited out (recovery.score).
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
                                                             self._generate_for_eval,
-                                                            self.reward.score))
+                                                            self.recovery.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
                 self.last_metrics, self.step = metrics, step

@@ -25,7 +25,7 @@ from controller.journal import Journal
 from controller.loop import GRPOLoop
 from controller.reward_tally import RewardTally
 from controller.outputs import RunWriter
-from controller.state import load_state, resolve_resume, restore_source, truncate_jsonl
+from controller.state import describe_resume, load_state, resolve_resume, restore_source, truncate_jsonl
 from controller.status_servicer import start_status_server
 from controller.telemetry import ControllerTelemetry
 from controller.tracking import make_sinks
@@ -108,6 +108,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
             restore_source(source, resume.source)
             for name in ("metrics.jsonl", "samples/train.jsonl"):  # lines written after that checkpoint
                 truncate_jsonl(cfg.run.dir / name, resume.step)
+            print(describe_resume(resume, checkpoint), flush=True)
             log.info("resuming", step=resume.step, policy_version=resume.policy_version,
                      checkpoint=checkpoint, requeued=sum(len(d["members"]) for d in resume.requeue))
         if resume is not None and learner.status().policy_version != resume.policy_version:

@@ -173,6 +173,12 @@ def resolve_resume(run_dir: Path, spec: str, learner_checkpoints: Mapping[int, s
     return state, learner_checkpoints[step]
 
 
+def describe_resume(state: ControllerState, checkpoint: str) -> str:
+    """The line a resumed run prints first."""
+    return (f"rlfleet: resuming from step {state.step} (policy version {state.policy_version}, "
+            f"checkpoint {checkpoint}); {sum(len(d['members']) for d in state.requeue)} prompts re-queued")
+
+
 def truncate_jsonl(path: Path, last_step: int) -> int:
     """Drops lines of steps after `last_step` (written after the checkpoint a run resumes from);
     returns how many were dropped."""

@@ -24,6 +24,8 @@ from rlfleet.errors import CheckpointError
 log = structlog.get_logger(__name__)
 
 META = "meta.json"
+# The digest checks `rlfleet run` made before starting the learner of a resume (DigestChecks.export).
+VERDICTS_ENV = "RLFLEET_CHECKPOINT_VERDICTS"
 _CHUNK = 8 << 20
 
 
@@ -71,17 +73,84 @@ def verify_folder(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def first_good(folders: Iterable[Path],
-               warn: Callable[[str], None] | None = None) -> tuple[Path | None, list[str]]:
+class DigestChecks:
+    """The digest checks one process has made, so a resume reads each checkpoint's files once.
+
+    Issue 22: a resuming learner hashed the damaged checkpoints newer than the one it loads when it
+    started and again at every ListCheckpoints (warning each time), and under `rlfleet run` the
+    launcher had hashed all of them once before. Kept per folder and its meta.json's sha256:
+    - a folder found damaged stays damaged (it is not read nor warned about again) until its
+      meta.json changes (a new checkpoint of that step);
+    - a folder found good is taken as good only when handed over by the process that checked it
+      moments before (`export` / `adopt`: the launcher to the learner it starts). Otherwise it is
+      read again: a checkpoint can be damaged in place after it was checked."""
+
+    def __init__(self) -> None:
+        self._bad: dict[str, tuple[str, str]] = {}  # folder -> (meta sha256, why)
+        self._good: dict[str, str] = {}  # folder -> meta sha256 (handed over)
+        self._checked: dict[str, tuple[str, str | None]] = {}  # this process's verdicts, for export
+
+    @staticmethod
+    def _meta_sha(folder: Path) -> str | None:
+        try:
+            return sha256_of(folder / META)
+        except OSError:
+            return None
+
+    def known(self, folder: Path) -> bool:
+        """Whether `folder` was found damaged before (so not reported again)."""
+        key = str(folder.resolve())
+        return key in self._bad and self._bad[key][0] == self._meta_sha(folder)
+
+    def verify(self, folder: Path) -> dict[str, Any]:
+        """verify_folder(folder), or its verdict of before (see the class)."""
+        key, meta_sha = str(folder.resolve()), self._meta_sha(folder)
+        if key in self._bad and self._bad[key][0] == meta_sha:
+            raise CheckpointError(self._bad[key][1])
+        if key in self._good and self._good.pop(key) == meta_sha:  # used once: for the load
+            return read_meta(folder)
+        try:
+            meta = verify_folder(folder)
+        except CheckpointError as exc:
+            if meta_sha is not None:
+                self._bad[key] = (meta_sha, str(exc))
+                self._checked[key] = (meta_sha, str(exc))
+            raise
+        if meta_sha is not None:
+            self._checked[key] = (meta_sha, None)
+        return meta
+
+    def export(self) -> str:
+        """This process's verdicts, for `adopt` in a process it starts right after."""
+        return json.dumps([[k, sha, why] for k, (sha, why) in self._checked.items()])
+
+    def adopt(self, exported: str) -> None:
+        """Takes over the verdicts of `export` (those whose meta.json is unchanged count)."""
+        try:
+            verdicts = json.loads(exported)
+        except ValueError:
+            return
+        for key, sha, why in verdicts:
+            if why is None:
+                self._good[key] = sha
+            else:
+                self._bad[key] = (sha, why)
+
+
+def first_good(folders: Iterable[Path], warn: Callable[[str], None] | None = None,
+               checks: DigestChecks | None = None) -> tuple[Path | None, list[str]]:
     """The first folder of `folders` (newest first) that verifies, and why each one before it did not.
-    Each bad one is reported through `warn` (default: a log warning) as it is passed over."""
+    Each bad one is reported through `warn` (default: a log warning) as it is passed over, once per
+    `checks` (the verdicts of before are reused, and not reported again)."""
     rejected: list[str] = []
     for folder in folders:
+        seen = checks is not None and checks.known(folder)
         try:
-            verify_folder(folder)
+            (checks.verify if checks is not None else verify_folder)(folder)
         except CheckpointError as exc:
             rejected.append(str(exc))
-            (warn or (lambda m: log.warning(m)))(f"{exc}; passing over it to the previous checkpoint")
+            if not seen:
+                (warn or (lambda m: log.warning(m)))(f"{exc}; passing over it to the previous checkpoint")
             continue
         return folder, rejected
     return None, rejected

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlfleet.addresses import check_address
 from rlfleet.algorithm import AlgorithmConfig, LoraConfig, load_plugins, registered
 from rlfleet.errors import ConfigError
 from rlfleet.extensions import ROLLOUT_ENGINES
@@ -36,6 +37,11 @@ class ServiceEndpointConfig(Section):
     port: int = Field(0, ge=0, le=65535, description="port to bind; 0 picks a free one")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one")
     device: str = Field("auto", description="torch device: auto, cpu, cuda, cuda:N")
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        return None if value is None else check_address(value)
 
 
 class RunConfig(Section):
@@ -83,6 +89,12 @@ class RolloutConfig(ServiceEndpointConfig):
     addresses: list[str] = Field(default_factory=list, description="host:port of running rollout replicas "
                                  "(instead of address, for several)")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallelism per replica")
+
+    @field_validator("addresses")
+    @classmethod
+    def _hosts_ports(cls, value: list[str]) -> list[str]:
+        return [check_address(a) for a in value]
+
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="share of its GPU's memory the rollout may take (vLLM's setting; "
         "the transformers engine caps its allocator at it); null: 0.85 on a GPU of its own, 0.30 on a GPU "
@@ -120,10 +132,12 @@ class RewardConfig(ServiceEndpointConfig):
                                               "empty: the reward service alone")
     max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many samples "
                                           "in a row got no reward from reward.sources; 0 never stops")
-    fn_workers: int = Field(2, ge=1, le=256, description="worker processes that run reward.fn in the "
-                            "reward service (isolated: a hang or crash fails one item, not the service)")
+    fn_workers: int = Field(2, ge=1, le=256, description="worker processes that run reward.fn (and "
+                            "each function source of reward.sources) in the reward service (isolated: a "
+                            "hang or crash fails one item, not the service)")
     fn_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="deadline of one item's reward.fn "
-                                "call; a late item is a failed item and its worker is replaced")
+                                "(or function source) call; a late item is a failed item and its worker is "
+                                "replaced")
     max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while no "
                                 "reward source can score (reward service or an external server "
                                 "unreachable, circuit open): admission pauses, generated groups wait; "
@@ -309,6 +323,19 @@ def default_prompts_per_request(cfg: JobConfig) -> int:
     return max(1, min(cfg.rollout.max_batch_sequences // cfg.rollout.n, per_replica))
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """yaml's error in one line: what and where, without the quoted source and its `^` lines."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    where = (f" at line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
+             if exc.problem_mark is not None else "")
+    what = f"{exc.problem or 'unexpected content'}{where}"
+    if exc.context:
+        mark = exc.context_mark
+        what += f" ({exc.context}" + (f" at line {mark.line + 1}, column {mark.column + 1})" if mark else ")")
+    return what
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b=1` -> (["a", "b"], 1); the value is parsed as YAML (so 1e-6, true, [x, y] work)."""
     key, sep, raw = item.partition("=")
@@ -317,7 +344,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config override {key}: cannot parse value {raw!r}: {exc}") from None
+        raise ConfigError(f"config override {key}: cannot parse value {raw!r}: {yaml_problem(exc)}") from None
     # YAML reads `1e-6` as a string (it wants `1.0e-6`); pydantic coerces numeric strings.
     return key.split("."), value
 
@@ -366,7 +393,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not "
                               f"{type(loaded).__name__}")

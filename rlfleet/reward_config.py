@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlfleet.addresses import check_address
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -60,6 +62,11 @@ class RewardSourceConfig(_Section):
     circuit_failures: int = Field(5, ge=1, description="consecutive failed calls that open the circuit")
     circuit_cooldown_s: float = Field(30.0, gt=0.0, description="how long an open circuit fails calls at "
                                       "once before one probe call is let through")
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        return None if value is None else check_address(value)
 
     @model_validator(mode="after")
     def _one_kind(self) -> RewardSourceConfig:

@@ -21,6 +21,7 @@ from typing import Any
 from rlfleet.app.interrupt import StopOnSignal
 from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
+from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
 from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.rpc.service_main import LOAD_FAILED_EXIT, PARENT_PID_ENV, read_load_error
@@ -47,6 +48,15 @@ class Child:
         if load_error:  # the service's own words, not whatever line its stderr happened to end with
             return (f"the {self.role} service (pid {self.proc.pid}) failed while loading: {load_error} "
                     f"(full output: {self.stderr_path})")
+        code = self.proc.returncode
+        if code is not None and code < 0:
+            # Killed from outside (kill -9, the OOM killer): its last stderr line says nothing about why.
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                name = ""
+            return (f"the {self.role} service (pid {self.proc.pid}) was killed by signal {-code}{name}; "
+                    f"its log: {self.stderr_path}")
         tail = ""
         try:
             lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -71,8 +81,11 @@ def replica_names(count: int) -> list[str]:
 
 
 class Launcher:
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, checkpoint_verdicts: str | None = None):
+        """`checkpoint_verdicts`: DigestChecks.export() of the resume's checks, handed to the learner
+        it starts first (not to a restarted one, which checks afresh)."""
         self.cfg = cfg
+        self.checkpoint_verdicts = checkpoint_verdicts
         self.run_dir = cfg.run.dir
         self.children: list[Child] = []
         self.failure: str | None = None
@@ -125,7 +138,10 @@ class Launcher:
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                         str(self.cfg.learner.world_size), "-m", "rlfleet.app.cli"]
         env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}  # they stop if we are killed (service_main.py)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=env,
+        first_env = env
+        if role == "learner" and self.checkpoint_verdicts:  # so it reads the checkpoints' digests no more
+            first_env = {**env, VERDICTS_ENV: self.checkpoint_verdicts}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=first_env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
         self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env, run_dir=self.run_dir))
 
@@ -200,7 +216,8 @@ def format_progress(m: dict[str, Any], max_steps: int) -> str:
                else ""))
 
 
-def local_learner_checkpoints(run_dir: Path, spec: str) -> dict[int, str]:
+def local_learner_checkpoints(run_dir: Path, spec: str,
+                              checks: DigestChecks | None = None) -> dict[int, str]:
     """What the learner would report (ListCheckpoints) for `controller.resume=spec`, read from the
     local files before it starts. `latest`: newest first, the checkpoints down to the newest that
     passes its digests and has a controller state that loads (damaged ones passed over with a
@@ -209,9 +226,25 @@ def local_learner_checkpoints(run_dir: Path, spec: str) -> dict[int, str]:
     from services.learner.checkpoint import complete_checkpoints, resumable_checkpoints
 
     root = resume_folder(run_dir, spec) / "checkpoints"
-    found = (resumable_checkpoints(root, wanted=lambda step: has_state(run_dir, step)) if spec == "latest"
-             else complete_checkpoints(root))
+    found = (resumable_checkpoints(root, wanted=lambda step: has_state(run_dir, step), checks=checks)
+             if spec == "latest" else complete_checkpoints(root))
     return {step: str(path) for step, path in found.items()}
+
+
+def resolve_local_resume(cfg: JobConfig) -> str:
+    """`controller.resume` under `rlfleet run`: the learner is not started yet, so its checkpoints are
+    read here, where both roles' files are local; the learner is then started from the chosen one.
+    The controller is handed the chosen step by name, so it does not walk the run's states again
+    (and warn a second time about a damaged one it passes over). Returns the digest checks made
+    (DigestChecks.export), for the learner: each checkpoint's files are read once per resume."""
+    from controller.state import resolve_resume
+
+    checks = DigestChecks()
+    found = local_learner_checkpoints(cfg.run.dir, cfg.controller.resume, checks)
+    state_file, checkpoint = resolve_resume(cfg.run.dir, cfg.controller.resume, found)
+    cfg.learner.resume_from = checkpoint
+    cfg.controller.resume = str(state_file)
+    return checks.export()
 
 
 def set_aside_earlier_run(run_dir: Path) -> Path | None:
@@ -243,13 +276,10 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     # Build the embedded model once, before the services race for it; lengths that cannot fit the
     # model's context fail here, before any service starts.
     prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
+    verdicts = None
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
-        from controller.state import resolve_resume
-
-        # The learner is not started yet: read its checkpoints here, where both roles' files are local.
-        found = local_learner_checkpoints(cfg.run.dir, cfg.controller.resume)
-        cfg.learner.resume_from = resolve_resume(cfg.run.dir, cfg.controller.resume, found)[1]
-    launcher = Launcher(cfg)
+        verdicts = resolve_local_resume(cfg)
+    launcher = Launcher(cfg, checkpoint_verdicts=verdicts)
     finished = threading.Event()
 
     def stop_services_once_checkpointed() -> None:

@@ -4,6 +4,8 @@ Each service's TLS, bearer token and request limits come from its job config (`s
 `limits`) and are handed to its server, servicer and channels here: nothing is process-wide."""
 from __future__ import annotations
 
+import os
+
 import structlog
 
 from rlfleet.config import JobConfig, LearnerConfig
@@ -63,6 +65,7 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         return serve_sharded_learner(cfg, name)
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import learner_pb2_grpc
+    from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
     from services.learner.checkpoint import resolve_checkpoint, restore_learner
     from services.learner.learner import Learner
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
@@ -71,8 +74,11 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
+        # The checks `rlfleet run` made just before starting this learner are not made again.
+        checks = DigestChecks()
+        checks.adopt(os.environ.get(VERDICTS_ENV, "[]"))
         # First, so a damaged or missing checkpoint is reported before a model load of minutes.
-        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from)
+        checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from, checks)
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
         import torch
@@ -87,7 +93,7 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
                           total_steps=cfg.controller.max_steps)
         if checkpoint is not None:  # a resumed run, or a restart after a crash (learner.resume_from=auto)
             restore_learner(learner, checkpoint, verified=True)
-        servicer.attach(learner, restored_from=checkpoint)
+        servicer.attach(learner, restored_from=checkpoint, digest_checks=checks)
 
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, load, name=name, security=security)

@@ -70,13 +70,15 @@ def run_eval(
         for start in range(0, len(prompts), prompts_per_request):
             chunk = {f"eval-{p.index}": p for p in prompts[start : start + prompts_per_request]}
             requests = [PromptRequest(rid, p.prompt_ids) for rid, p in chunk.items()]
-            seen = set()
+            seen: dict[str, GroupResult] = {}
             for group in generate(requests, params):
-                prompt = chunk.get(group.request_id)
-                if prompt is None or group.request_id in seen:
+                if group.request_id not in chunk or group.request_id in seen:
                     raise RlfleetError(f"generation returned an unexpected group {group.request_id!r}")
-                seen.add(group.request_id)
-                samples.extend(_score_group(prompt, group, score))
+                seen[group.request_id] = group
+            # Scored once the stream has ended: a score that waits (a reward outage, waited out by
+            # the controller) must not hold a Generate stream open until its deadline.
+            for request_id, group in seen.items():
+                samples.extend(_score_group(chunk[request_id], group, score))
                 bar.update(1)
             if len(seen) != len(chunk):
                 missing = sorted(set(chunk) - seen)[:3]

@@ -1,14 +1,18 @@
 """Client side: channels to rlfleet services and waiting for them to be ready."""
 from __future__ import annotations
 
+import sys
 import time
 
 import grpc
+import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.rpc.request_id import RequestIdInterceptor
 from rlfleet.rpc.security import Security, secure_channel
+
+log = structlog.get_logger(__name__)
 
 
 def open_channel(address: str, security: Security | None = None) -> grpc.Channel:
@@ -19,27 +23,66 @@ def open_channel(address: str, security: Security | None = None) -> grpc.Channel
 
 def health_status(channel: grpc.Channel, service: str = "", timeout_s: float = 2.0) -> str:
     """SERVING / NOT_SERVING / UNKNOWN, or UNREACHABLE when nothing answers."""
+    return health_check(channel, service, timeout_s)[0]
+
+
+def health_check(channel: grpc.Channel, service: str = "", timeout_s: float = 2.0) -> tuple[str, str]:
+    """(status, why it is not SERVING, in a few words: connection refused, TLS failure, not yet serving…)."""
     stub = health_pb2_grpc.HealthStub(channel)
     try:
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
-    except grpc.RpcError:
-        return "UNREACHABLE"
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    except grpc.RpcError as err:
+        return "UNREACHABLE", _why_unreachable(err, timeout_s)
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return status, "" if status == "SERVING" else f"not yet serving (health: {status})"
+
+
+def _why_unreachable(err: grpc.RpcError, timeout_s: float) -> str:
+    code = err.code() if hasattr(err, "code") else None
+    detail = " ".join(((err.details() if hasattr(err, "details") else str(err)) or "").split())
+    lowered = detail.lower()
+    if "connection refused" in lowered:
+        return "connection refused (nothing listens there)"
+    if any(word in lowered for word in ("ssl", "tls", "handshake", "certificate")):
+        return f"TLS failure: {detail[:200]}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout_s:g}s"
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return "it answers but serves no gRPC health service (not an rlfleet service?)"
+    return f"{code.name if code else 'error'}: {detail[:200]}"
+
+
+# How often a wait says what it waits for (issue 22: a controller pointed at an address where nothing
+# listened printed nothing for its whole connect timeout).
+REPORT_EVERY_S = 5.0
 
 
 def wait_until_serving(address: str, role: str, timeout_s: float, alive: callable = lambda: True,
-                       security: Security | None = None) -> grpc.Channel:
-    """Polls the health service until it says SERVING; raises ServiceUnavailable naming the address."""
+                       security: Security | None = None,
+                       report_every_s: float = REPORT_EVERY_S) -> grpc.Channel:
+    """Polls the health service until it says SERVING; says every `report_every_s` (on stderr and in
+    the log) which role it waits for, where, and the last error; raises ServiceUnavailable naming
+    the same."""
     channel = open_channel(address, security)
-    deadline = time.monotonic() + timeout_s
-    status = "UNREACHABLE"
+    start = time.monotonic()
+    deadline = start + timeout_s
+    next_report = start + min(report_every_s, 3.0)  # the first one soon, the others every few seconds
+    status, why = "UNREACHABLE", "no answer yet"
     while time.monotonic() < deadline:
-        status = health_status(channel)
+        status, why = health_check(channel)
         if status == "SERVING":
             return channel
         if not alive():
             break
+        now = time.monotonic()
+        if now >= next_report:
+            print(f"rlfleet: waiting for the {role} service at {address}: {why} "
+                  f"({now - start:.0f}s of {timeout_s:g}s)", file=sys.stderr, flush=True)
+            log.info("waiting for a service", role=role, address=address, last_error=why,
+                     waited_s=round(now - start, 1), timeout_s=timeout_s)
+            next_report = now + report_every_s
         time.sleep(0.2)
     channel.close()
-    raise ServiceUnavailable(f"{role} service at {address} is not serving after {timeout_s:.0f}s "
-                             f"(health: {status})")
+    waited_s = time.monotonic() - start
+    raise ServiceUnavailable(f"{role} service at {address} is not serving after {waited_s:.0f}s of "
+                             f"{timeout_s:g}s: {why}")

@@ -20,6 +20,13 @@ class Exclusive:
         self._lock = threading.Lock()
         self._running = ""
 
+    def refuse_while_held(self, call: str) -> None:
+        """For calls that must not run alongside the operation (a Train during a weight push, which
+        reads the weights it would change) and must not queue behind it either (issue 22)."""
+        running = self._running
+        if self._lock.locked() and running:
+            raise Busy(f"{call} refused: {running} is in progress on this {self.what}; retry after it ends")
+
     @contextmanager
     def hold(self, call: str) -> Iterator[None]:
         if not self._lock.acquire(blocking=False):

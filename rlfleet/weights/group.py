@@ -18,6 +18,7 @@ from typing import NoReturn
 import hmac
 import secrets
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -29,6 +30,13 @@ from rlfleet.weights.sealed_store import SealedStore, check_channels, check_memb
 
 _PROTOCOL = 2  # bumped when the wire format (header/manifest/buckets) changes; 2: header + layout on change
 _KEY_ROOT = "rlfleet/weights"
+# A member that has not reached the rendezvous by then is not coming: the controller starts every
+# pull together with the push. Bounded apart from the group's timeout (which covers the transfer
+# of a large model), so a push waiting for a rank that never joins ends in seconds (issue 22).
+MEMBER_WAIT_S = 20.0
+# Reaching the learner's store is one TCP connection; a join request's own timeout (up to
+# limits.max_weight_timeout_s) is for the transfer, not for finding the store (issue 22).
+STORE_CONNECT_S = 10.0
 
 
 def _proof(token: str, nonce: str, rank: int) -> str:
@@ -65,6 +73,46 @@ def _listen(host: str, port: int) -> int:
     except OSError as exc:
         raise WeightSyncError(f"cannot bind the weight store to {host}:{port}: {exc}") from None
     return sock.detach()
+
+
+def _connect_store(address: str, timeout_s: float) -> dist.Store:
+    """A client of the learner's TCPStore, or WeightSyncError in one line within ~`timeout_s`.
+
+    Why not TCPStore alone: against a closed port it retries until its timeout and logs a C++
+    stack trace per try, and against a port that accepts but never answers (not a store) its
+    client was seen waiting for good, whatever its timeout. So a plain TCP connect answers the
+    first case at once, and the store is built on a helper thread that is given up on (left to
+    end with its socket) in the second."""
+    host, port = _split_address(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__  # "Connection refused", "timed out" (socket.timeout)
+        raise WeightSyncError(f"cannot reach weight store at {address}: {reason}") from None
+    built: dict[str, object] = {}
+
+    def build() -> None:
+        try:
+            built["store"] = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+        except Exception as e:  # DistStoreError, DistNetworkError; C++ frames after the first line
+            built["error"] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+    helper = threading.Thread(target=build, name=f"weight-store-connect-{address}", daemon=True)
+    helper.start()
+    helper.join(timeout_s + 1.0)
+    if "store" in built:
+        return built["store"]  # type: ignore[return-value]
+    if "error" in built:
+        raise WeightSyncError(f"cannot reach weight store at {address}: {built['error']}")
+    raise WeightSyncError(f"cannot reach weight store at {address}: it accepted the connection but did "
+                          f"not answer as a weight store within {timeout_s:g}s")
+
+
+def probe_store(address: str, timeout_s: float = STORE_CONNECT_S) -> None:
+    """Checks that a weight store answers at `address` (WeightSyncError in one line if not), for a
+    process that joins through others (vLLM's workers): a wrong address fails here, without
+    occupying them."""
+    _connect_store(address, min(timeout_s, STORE_CONNECT_S))
 
 
 class WeightGroup:
@@ -114,16 +162,17 @@ class WeightGroup:
     def join(cls, address: str, rank: int, world_size: int, backend: str = "gloo",
              timeout_s: float = 60, device: torch.device | str | None = None,
              token: str | None = None) -> WeightGroup:
-        """Ranks 1..N: connect to the learner's store (retrying up to the timeout)."""
+        """Ranks 1..N: connect to the learner's store (within STORE_CONNECT_S; `timeout_s` then bounds
+        every later wait on it)."""
         if rank == 0:
             raise InvalidRequest("rank 0 is the learner; it calls WeightGroup.host()")
-        host, port = _split_address(address)
-        try:  # TCPStore's client retries its connect about twice, so give it half the budget
-            store = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s / 2))
-            store.set_timeout(timedelta(seconds=timeout_s))
-        except Exception as e:  # DistStoreError, socket errors
-            raise WeightSyncError(f"cannot reach weight store at {address}: {e}") from e
+        store = _connect_store(address, min(timeout_s, STORE_CONNECT_S))
+        store.set_timeout(timedelta(seconds=timeout_s))
         return cls(store, rank, world_size, backend, timeout_s, device, address, token)
+
+    @property
+    def member_wait_s(self) -> float:
+        return min(self.timeout_s, MEMBER_WAIT_S)
 
     @property
     def connected(self) -> bool:
@@ -150,13 +199,13 @@ class WeightGroup:
             else:
                 self._prove(store)
             store.set(keys[self.rank], "1")
-            store.wait(keys, timedelta(seconds=self.timeout_s))
+            store.wait(keys, timedelta(seconds=self.member_wait_s))
         except Exception as e:
             try:
                 who = f"rank(s) {[r for r, k in enumerate(keys) if not store.check([k])]} did not connect"
             except Exception:  # the learner's store itself is gone
                 who = f"lost the weight store at {self.address} ({e})"
-            self._broken = f"weight group generation {generation}: {who} within {self.timeout_s:g}s"
+            self._broken = f"weight group generation {generation}: {who} within {self.member_wait_s:g}s"
             raise WeightSyncError(self._broken) from e
         self._admit(store, generation)
         # With a token the group is built on the sealed view: only admitted processes, which hold

@@ -18,8 +18,10 @@ to the processes that hold the token:
   connection in place of a rank (say by racing gloo's listener) is found before any
   weight is sent, and the group is dropped.
 
-Cipher: HMAC-SHA256 as a PRF in counter mode (keystream) with a random 16-byte IV per
-value, encrypt-then-MAC under a separate key; the stdlib only, so no extra dependency.
+Cipher: AES-256-GCM from the `cryptography` package (a well-kept AEAD, not one written here;
+issue 22), a random 96-bit nonce per value, and the value's sealed key name as associated data,
+so a value copied under another entry is refused too. Keys are derived from the round's secret
+with HMAC-SHA256 (one for names, one for values).
 """
 from __future__ import annotations
 
@@ -30,10 +32,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rlfleet.errors import WeightSyncError
 
-_IV, _TAG = 16, 32
+_NONCE = 12  # AES-GCM's standard nonce size
+_TAG = 32  # bytes of a channel tag (HMAC-SHA256)
 _CHANNEL_TAG = 0x52_4C  # p2p tag of the channel check, apart from anything else sent on the group
 
 
@@ -46,56 +51,57 @@ def _derive(secret: bytes, label: str) -> bytes:
     return hmac.new(secret, label.encode(), hashlib.sha256).digest()
 
 
+def sealed_value_key(secret: bytes) -> bytes:
+    """The AES-256-GCM key of a round's values."""
+    return _derive(secret, "values")
+
+
 class SealedStore(dist.Store):
     """A `dist.Store` over `inner` with secret key names and encrypted, authenticated values."""
 
     def __init__(self, inner: dist.Store, secret: bytes) -> None:
         super().__init__()
         self._inner = inner
-        self._names, self._enc, self._mac = (_derive(secret, x) for x in ("names", "encrypt", "authenticate"))
+        self._names = _derive(secret, "names")
+        self._aead = AESGCM(sealed_value_key(secret))
 
-    def _name(self, key: str) -> str:
+    def sealed_name(self, key: str) -> str:
+        """The name `key` is stored under in the inner store."""
         return "sealed/" + hmac.new(self._names, key.encode(), hashlib.sha256).hexdigest()[:40]
 
-    def _keystream(self, iv: bytes, size: int) -> bytes:
-        blocks = (hmac.new(self._enc, iv + i.to_bytes(8, "big"), hashlib.sha256).digest()
-                  for i in range((size + 31) // 32))
-        return b"".join(blocks)[:size]
-
     def seal(self, key: str, value: bytes) -> bytes:
-        iv = secrets.token_bytes(_IV)
-        body = bytes(a ^ b for a, b in zip(value, self._keystream(iv, len(value))))
-        tag = hmac.new(self._mac, self._name(key).encode() + iv + body, hashlib.sha256).digest()
-        return iv + tag + body
+        nonce = secrets.token_bytes(_NONCE)
+        return nonce + self._aead.encrypt(nonce, value, self.sealed_name(key).encode())
 
     def unseal(self, key: str, sealed: bytes) -> bytes:
-        iv, tag, body = sealed[:_IV], sealed[_IV:_IV + _TAG], sealed[_IV + _TAG:]
-        expected = hmac.new(self._mac, self._name(key).encode() + iv + body, hashlib.sha256).digest()
-        if len(sealed) < _IV + _TAG or not hmac.compare_digest(tag, expected):
+        try:
+            if len(sealed) < _NONCE + 16:
+                raise InvalidTag
+            return self._aead.decrypt(sealed[:_NONCE], sealed[_NONCE:], self.sealed_name(key).encode())
+        except InvalidTag:
             raise WeightSyncError(f"weight group rendezvous entry {key!r} was not written by a holder of the "
-                                  "token (tampered store?)")
-        return bytes(a ^ b for a, b in zip(body, self._keystream(iv, len(body))))
+                                  "token (tampered store?)") from None
 
     # ---- dist.Store -------------------------------------------------------------------------------
     def set(self, key: str, value: bytes | str) -> None:
-        self._inner.set(self._name(key), self.seal(key, value.encode()
+        self._inner.set(self.sealed_name(key), self.seal(key, value.encode()
                                                    if isinstance(value, str) else bytes(value)))
 
     def get(self, key: str) -> bytes:
-        return self.unseal(key, self._inner.get(self._name(key)))
+        return self.unseal(key, self._inner.get(self.sealed_name(key)))
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        names = [self._name(k) for k in keys]
+        names = [self.sealed_name(k) for k in keys]
         self._inner.wait(names, timeout) if timeout is not None else self._inner.wait(names)
 
     def check(self, keys: list[str]) -> bool:
-        return self._inner.check([self._name(k) for k in keys])
+        return self._inner.check([self.sealed_name(k) for k in keys])
 
     def add(self, key: str, amount: int) -> int:  # a counter is not secret; its name still is
-        return self._inner.add(self._name(key), amount)
+        return self._inner.add(self.sealed_name(key), amount)
 
     def delete_key(self, key: str) -> bool:
-        return self._inner.delete_key(self._name(key))
+        return self._inner.delete_key(self.sealed_name(key))
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._inner.set_timeout(timeout)

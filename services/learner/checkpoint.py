@@ -5,7 +5,8 @@ the tokenizer, `optimizer.pt`, `trainer_state.pt` (RNG states of python, numpy a
 the critic's weights and optimizer when PPO trains one, an LR scheduler's state if any)
 and `meta.json` (step, policy version, and the size of every file). It is built in
 `step_N.tmp-<pid>` and renamed to `step_N` only when complete, with `meta.json` written
-last, so a half-written one is never picked. `meta.json` records each file's size and sha256
+last, so a half-written one is never picked (and the next learner to start removes it if its writer
+is gone: remove_stale_temporaries). `meta.json` records each file's size and sha256
 (rlfleet/checkpoint_files.py); loading checks both, so a missing, truncated or damaged file is
 a CheckpointError naming it, and `latest`/`auto` take the newest checkpoint that passes,
 warning about each newer one passed over.
@@ -23,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlfleet.checkpoint_files import META, file_manifest, first_good, read_meta, verify_folder
+from rlfleet.checkpoint_files import (META, DigestChecks, file_manifest, first_good, read_meta,
+                                     verify_folder)
 from rlfleet.errors import CheckpointError
 
 __all__ = ["META", "read_meta"]  # re-exported: callers find a checkpoint's names here
@@ -62,6 +64,33 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(root: Path) -> list[Path]:
+    """Removes the `step_N.tmp-<pid>` folders of learners that died while saving (a real model's
+    weights and optimizer each); returns them. This process's own and those of a process still
+    alive are left alone: only one learner writes a run's checkpoints, but a pid is only known gone
+    when no process has it."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for tmp in sorted(root.glob("step_*.tmp-*")):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if not pid.isdigit() or int(pid) <= 0 or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module, tokenizer: Any,
@@ -118,16 +147,19 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def resumable_checkpoints(root: Path, wanted: Callable[[int], bool] = lambda step: True,
-                          known_good: Path | None = None) -> dict[int, Path]:
+                          known_good: Path | None = None, checks: DigestChecks | None = None
+                          ) -> dict[int, Path]:
     """The checkpoints under root that a `latest` resume can take, by step: walking the complete ones
     newest first, each is checked against its digests (a damaged one is passed over with a warning
     naming the bad file) until the first intact one whose step is `wanted`. Older ones are not read:
     hashing a large model's checkpoint takes a minute, and a resume takes the newest that is whole.
-    `known_good`: a folder already checked (the one the learner restored from), not read again."""
+    `known_good`: a folder already checked (the one the learner restored from), not read again;
+    `checks`: the process's verdicts of before, reused (a damaged folder is not read nor warned about
+    again)."""
     found: dict[int, Path] = {}
     for folder in newest_first(root):
         if known_good is None or folder.resolve() != known_good.resolve():
-            good, _ = first_good([folder])
+            good, _ = first_good([folder], checks=checks)
             if good is None:
                 continue
         step = int(folder.name.removeprefix("step_"))
@@ -137,11 +169,12 @@ def resumable_checkpoints(root: Path, wanted: Callable[[int], bool] = lambda ste
     return found
 
 
-def resolve_checkpoint(root: Path, spec: str | None) -> Path | None:
+def resolve_checkpoint(root: Path, spec: str | None, checks: DigestChecks | None = None) -> Path | None:
     """`latest` -> the newest checkpoint under root whose files match their digests, passing over
     damaged newer ones with a warning (CheckpointError if there is none); `auto` -> the same, or None
     when root holds no checkpoint at all; a path -> that folder (it must be complete and pass the same
-    check); None/"" -> None. A returned folder has been verified: restore it with verified=True."""
+    check); None/"" -> None. A returned folder has been verified: restore it with verified=True.
+    `checks`: where the verdicts are kept (and reused) for this process."""
     if not spec:
         return None
     if spec in ("latest", "auto"):
@@ -150,14 +183,14 @@ def resolve_checkpoint(root: Path, spec: str | None) -> Path | None:
             if spec == "auto":
                 return None
             raise CheckpointError(f"no complete checkpoint under {root} to resume from")
-        found, rejected = first_good(candidates)
+        found, rejected = first_good(candidates, checks=checks)
         if found is None:  # starting fresh would silently throw the run's progress away
             raise CheckpointError(f"no usable checkpoint under {root}: {'; '.join(rejected)}")
         return found
     path = Path(spec)
     if not (path / META).is_file():
         raise CheckpointError(f"checkpoint {path} is missing or incomplete (no {META})")
-    verify_folder(path)
+    (checks.verify if checks is not None else verify_folder)(path)
     return path
 
 

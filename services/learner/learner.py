@@ -21,7 +21,7 @@ from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.ipc import IpcWeightSender
 from services.learner.batching import validate_samples
-from services.learner.checkpoint import save_checkpoint
+from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
@@ -39,6 +39,8 @@ class Learner:
         self.algorithm = algorithm or AlgorithmConfig()
         self.device = device
         self.checkpoint_dir = checkpoint_dir
+        for stale in remove_stale_temporaries(checkpoint_dir):  # left by a learner killed while saving
+            log.warning("removed the half-written checkpoint of a learner that died saving", path=str(stale))
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlfleet import types as t
+from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
@@ -40,11 +41,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
         self.weight_ops = Exclusive("learner")  # one open or push at a time, the others refused at once
+        # Each checkpoint's files are read once in this process (rlfleet.checkpoint_files.DigestChecks).
+        self.digest_checks = DigestChecks()
 
-    def attach(self, learner: Learner, restored_from: Path | None = None) -> None:
-        """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints)."""
+    def attach(self, learner: Learner, restored_from: Path | None = None,
+               digest_checks: DigestChecks | None = None) -> None:
+        """`restored_from`: the checkpoint the learner was loaded from (reported by ListCheckpoints);
+        `digest_checks`: the checkpoint verdicts made while loading, reused by ListCheckpoints."""
         self.learner = learner
         self.restored_from = restored_from
+        if digest_checks is not None:
+            self.digest_checks = digest_checks
 
     def _ready(self) -> Learner:
         if self.learner is None:
@@ -54,6 +61,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     @rpc_method
     def Train(self, request, context):
         learner = self._ready()
+        self.weight_ops.refuse_while_held("Train")
         validate.train(request, self.limits, _vocab_size(learner))
         batch = convert.train_batch_from_proto(request)
         with self.metrics.queued(len(batch.samples)):
@@ -87,6 +95,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     @rpc_method
     def SaveCheckpoint(self, request, context):
         learner = self._ready()
+        self.weight_ops.refuse_while_held("SaveCheckpoint")
         validate.version(request.step, "step")
         return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
 
@@ -94,7 +103,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def ListCheckpoints(self, request, context):
         learner = self._ready()
         # The newest checkpoint that passes its digests (damaged newer ones left out, with a warning).
-        found = resumable_checkpoints(learner.checkpoint_dir, known_good=self.restored_from)
+        found = resumable_checkpoints(learner.checkpoint_dir, known_good=self.restored_from,
+                                      checks=self.digest_checks)
         reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
             learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
         if self.restored_from is not None:

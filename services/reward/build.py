@@ -28,4 +28,5 @@ def build_scorer(cfg: RewardConfig, connect_timeout_s: float = 60.0, security: S
     from services.reward.sources import build_sources
 
     own = f"reward.model {cfg.model.path}" if cfg.model.path else f"reward.fn {cfg.fn}"
-    return build_sources(cfg.sources, lambda: build_own_scorer(cfg), own, connect_timeout_s, security)
+    return build_sources(cfg.sources, lambda: build_own_scorer(cfg), own, connect_timeout_s, security,
+                         fn_workers=cfg.fn_workers, fn_timeout_s=cfg.fn_timeout_s)

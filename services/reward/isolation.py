@@ -30,9 +30,16 @@ log = structlog.get_logger(__name__)
 _worker_scorers: dict[tuple[str, str], RewardScorer] = {}  # per worker process: loaded once
 
 
+def _start_worker(parent_pid: int, started) -> None:
+    """Worker initializer: says which process it is (so a hung worker can be ended: see
+    IsolatedScorer._replace_pool), then watches its parent."""
+    started.put(os.getpid())
+    _exit_with_parent(parent_pid)
+
+
 def _exit_with_parent(parent_pid: int) -> None:
-    """Worker initializer: a worker outlives a reward service that was killed (or exited without
-    closing its pool) and sits orphaned; it ends itself within a second of its parent."""
+    """A worker outlives a reward service that was killed (or exited without closing its pool)
+    and sits orphaned; it ends itself within a second of its parent."""
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(1.0)
@@ -60,14 +67,29 @@ class IsolatedScorer:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_exit_with_parent, initargs=(os.getpid(),))
+        # Each worker tells its pid through `started` as it starts (before any item): the pool's own
+        # list of its processes is private, and a worker stuck in an item must be ended by us.
+        context = multiprocessing.get_context("spawn")
+        self._started = context.SimpleQueue()
+        return ProcessPoolExecutor(self.workers, mp_context=context, initializer=_start_worker,
+                                   initargs=(os.getpid(), self._started))
+
+    def _pool_pids(self) -> set[int]:
+        pids = set()
+        while not self._started.empty():
+            pids.add(self._started.get())
+        return pids
 
     def _replace_pool(self) -> None:
-        old, self._pool = self._pool, self._new_pool()
-        for process in list(getattr(old, "_processes", {}).values()):  # a hung worker must not live on
-            process.kill()
+        """A fresh pool; the old one's workers are killed (one may be stuck in an item for good)."""
+        old, old_pids = self._pool, self._pool_pids()
+        old_queue = self._started
+        self._pool = self._new_pool()
+        for process in multiprocessing.active_children():  # this process's children, public API
+            if process.pid in old_pids:
+                process.kill()
         old.shutdown(wait=False, cancel_futures=True)
+        old_queue.close()
 
     def function_for(self, data_source: str):
         return self.local.function_for(data_source)

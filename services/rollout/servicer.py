@@ -1,8 +1,10 @@
 """Rollout gRPC servicer: converts and delegates to a RolloutEngine."""
 from __future__ import annotations
 
+import threading
+
 from rlfleet import types as t
-from rlfleet.errors import NotReady
+from rlfleet.errors import Busy, NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rpc import convert, validate
@@ -11,6 +13,7 @@ from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.rollout.engine import RolloutEngine
 
+_MAX_PENDING_JOINS = 4
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["Rollout"].full_name
 
 
@@ -26,7 +29,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
         self.last_error = ""
-        self.weight_ops = Exclusive("rollout")  # one join or pull at a time, the others refused at once
+        self.weight_ops = Exclusive("rollout")  # one pull at a time, the others refused at once
+        # Joins run alongside pulls (see JoinWeightGroup); a few at once, so a flood of joins to
+        # silent stores cannot take the server's threads.
+        self._joins = threading.BoundedSemaphore(_MAX_PENDING_JOINS)
 
     def attach(self, engine: RolloutEngine) -> None:
         self.engine = engine
@@ -54,9 +60,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         engine = self._ready()
         validate.join_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        with self.weight_ops.hold("JoinWeightGroup"):
+        # Not under weight_ops: the store connect (bounded by rlfleet.weights.group.STORE_CONNECT_S)
+        # holds nothing, so a join to a store that never answers cannot hold up the controller's
+        # join or pulls (issue 22); the engine swaps the new group in between pulls.
+        if not self._joins.acquire(blocking=False):
+            raise Busy(f"JoinWeightGroup refused: {_MAX_PENDING_JOINS} joins are already in progress on "
+                       "this rollout; retry after they end")
+        try:
             engine.join_weight_group(request.address, request.rank, request.world_size, request.backend,
                                      timeout_s, token=self.weight_token)
+        finally:
+            self._joins.release()
         return rollout_pb2.JoinWeightGroupResponse()
 
     @rpc_method

@@ -88,7 +88,7 @@ def test_run_survives_a_killed_service(run_dir, victim):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, err[-3000:]
-    assert f"the {victim} service (pid {pid}) exited with code -9" in err, err
+    assert f"the {victim} service (pid {pid}) was killed by signal 9 (SIGKILL)" in err, err
     assert "restarting it (1/2)" in err, err
     [restart] = read_jsonl(run / "services" / "restarts.jsonl")
     assert restart["service"] == victim and restart["pid"] == pid

@@ -21,7 +21,13 @@ import torch.distributed as dist
 
 from rlfleet.errors import WeightSyncError
 from rlfleet.weights import WeightGroup
-from rlfleet.weights.sealed_store import SealedStore, check_channels, check_members, round_secret
+from rlfleet.weights.sealed_store import (
+    SealedStore,
+    check_channels,
+    check_members,
+    round_secret,
+    sealed_value_key,
+)
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -114,6 +120,25 @@ def test_the_sealed_store_names_and_hides_its_entries():
     store.set(name, b"x" * 80)  # a value written without the token is refused, not used
     with pytest.raises(WeightSyncError, match="not written by a holder of the token"):
         sealed.get("0/1")
+
+
+def test_the_sealed_store_uses_a_standard_aead():
+    """Issue 22: the values are AES-256-GCM (the `cryptography` package), not a cipher written
+    here: a value opens with AESGCM under the round's derived key, bound to its sealed key name,
+    and a copy moved under another key name is refused."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    secret = round_secret(TOKEN, "nonce")
+    sealed = SealedStore(store, secret)
+    sealed.set("0/1", b"tcp://127.0.0.1:45678 seq 1")
+    [name] = store.list_keys()
+    value = store.get(name)
+    aead = AESGCM(sealed_value_key(secret))
+    assert aead.decrypt(value[:12], value[12:], name.encode()) == b"tcp://127.0.0.1:45678 seq 1"
+    store.set(sealed.sealed_name("0/2"), value)  # the right token's value, under another entry
+    with pytest.raises(WeightSyncError, match="not written by a holder of the token"):
+        sealed.get("0/2")
 
 
 def _three_gloo_members(prove) -> dict[int, BaseException]:

@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from rlfleet.config import LearnerConfig, load_config
 from rlfleet.errors import ConfigError
 from rlfleet.proto.v1 import common_pb2, learner_pb2, rollout_pb2
+from rlfleet.weights.group import MEMBER_WAIT_S, STORE_CONNECT_S
 from tests.service.servicer_harness import (
     PROMPTS,
     ROLES,
@@ -31,6 +32,7 @@ from tests.service.servicer_harness import (
     start,
     stop,
 )
+from tests.service.test_learner_servicer import train_request
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -80,30 +82,113 @@ def test_a_pending_join_does_not_stall_the_rollout(hf_engine, silent_address):
         join.start()
         time.sleep(0.5)  # the join is now waiting on the silent store
         codes = _flood(lambda: stub.PullWeights(rollout_pb2.PullWeightsRequest(version=1), timeout=60))
-        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+        assert grpc.StatusCode.OK not in codes, codes  # no group to pull from, and none queued
         _answers_quickly(running, lambda: generate(stub, {"p0": PROMPTS["p0"]}, n=2, max_new_tokens=2))
     finally:
         stop(running)
         join.join(60)
 
 
+def test_a_pending_join_does_not_hold_the_controllers_join_and_pull(hf_engine, tiny_model_dir, tmp_path,
+                                                                    silent_address):
+    """Issue 22: a join to a store that never answers held every weight update of the rollout for
+    the default 120 s, the controller's join and pull refused meanwhile. Now the store connect has
+    its own tight bound and holds nothing while it waits."""
+    rollout, learner = start("rollout"), start("learner")
+    attach("rollout", rollout, hf_engine)
+    attach("learner", learner, make_learner(tiny_model_dir, LearnerConfig(lr=1e-3), tmp_path))
+    r_stub, l_stub = ROLES["rollout"].stub_cls(rollout.channel), ROLES["learner"].stub_cls(learner.channel)
+    failed: list[tuple[float, str]] = []
+
+    def bogus_join() -> None:
+        began = time.monotonic()
+        try:
+            r_stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
+                address=silent_address, rank=1, world_size=2, backend="gloo", timeout_s=40), timeout=60)
+        except grpc.RpcError as err:
+            failed.append((time.monotonic() - began, err.details()))
+
+    pending = threading.Thread(target=bogus_join)
+    try:
+        pending.start()
+        time.sleep(0.5)  # the bogus join now waits on the silent store
+        began = time.monotonic()
+        address = l_stub.OpenWeightGroup(learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=30),
+                                         timeout=10).address
+        r_stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
+            address=address, rank=1, world_size=2, backend="gloo", timeout_s=30), timeout=10)
+        with ThreadPoolExecutor(1) as pool:
+            pushed = pool.submit(l_stub.PushWeights, learner_pb2.PushWeightsRequest(version=0), timeout=60)
+            assert r_stub.PullWeights(rollout_pb2.PullWeightsRequest(version=0), timeout=60).version == 0
+            assert pushed.result().version == 0
+        assert time.monotonic() - began < STORE_CONNECT_S, "the controller's join and pull waited"
+        pending.join(60)
+        assert failed, "the join to a silent store must fail"
+        elapsed, details = failed[0]
+        assert elapsed < STORE_CONNECT_S + 5, elapsed  # its own bound, not the request's 40 s
+        assert silent_address in details and "\n" not in details, details
+    finally:
+        stop(rollout)
+        stop(learner)
+        pending.join(60)
+
+
+def test_a_join_to_an_unreachable_store_fails_in_one_line(hf_engine, capfd):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    closed = f"127.0.0.1:{port}"  # nothing listens once the socket is closed
+    running = start("rollout")
+    attach("rollout", running, hf_engine)
+    stub = ROLES["rollout"].stub_cls(running.channel)
+    try:
+        capfd.readouterr()  # what earlier tests' threads logged
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(
+                address=closed, rank=1, world_size=2, backend="gloo", timeout_s=40), timeout=60)
+        assert time.monotonic() - began < 5
+        details = err.value.details()
+        assert f"cannot reach weight store at {closed}" in details and "refused" in details, details
+        assert "\n" not in details, details
+        logged = capfd.readouterr().err  # no C++ log lines (each with a stack trace) about this store
+        assert f"{port})" not in logged and closed not in logged, logged
+    finally:
+        stop(running)
+
+
 def test_a_pending_push_does_not_stall_the_learner(tiny_model_dir, tmp_path):
+    """Issue 22: Train calls queued behind a push that waited for a rank that never came (20 of
+    20 timed out over 40 s). Now they are refused at once, and the push's wait for members is
+    bounded well below the group's timeout."""
     running = start("learner")
     attach("learner", running, make_learner(tiny_model_dir, LearnerConfig(lr=1e-3), tmp_path))
     stub = ROLES["learner"].stub_cls(running.channel)
-    stub.OpenWeightGroup(learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=40), timeout=10)
-    push = threading.Thread(target=lambda: pytest.raises(grpc.RpcError, stub.PushWeights,
-                                                         learner_pb2.PushWeightsRequest(version=0),
-                                                         timeout=60))
+    stub.OpenWeightGroup(learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=60), timeout=10)
+    ended: list[float] = []
+
+    def push() -> None:
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError, match="did not connect"):
+            stub.PushWeights(learner_pb2.PushWeightsRequest(version=0), timeout=90)
+        ended.append(time.monotonic() - began)
+
+    pusher = threading.Thread(target=push)
     try:
-        push.start()  # no rank ever joins: the push waits for the group's whole timeout
+        pusher.start()  # no rank ever joins
         time.sleep(0.5)
         codes = _flood(lambda: stub.PushWeights(learner_pb2.PushWeightsRequest(version=0), timeout=60))
         assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+        codes = _flood(lambda: stub.Train(train_request(step=1, expected_version=0), timeout=60))
+        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
         _answers_quickly(running, lambda: None)
+        pusher.join(60)
+        assert ended and ended[0] < MEMBER_WAIT_S + 5, ended  # not the group's 60 s
+        # The learner is usable again at once: Train is no longer refused.
+        assert stub.Train(train_request(step=1, expected_version=0), timeout=60).policy_version == 1
     finally:
         stop(running)
-        push.join(60)
+        pusher.join(60)
 
 
 def test_client_timeouts_are_capped_and_the_controller_fits():

@@ -15,10 +15,14 @@ from services.reward.sources.combined import RewardSources
 
 
 def build_sources(sources: list[RewardSourceConfig], own_scorer: Callable[[], Any], own: str,
-                  connect_timeout_s: float = 60.0, security: Security | None = None) -> RewardSources:
+                  connect_timeout_s: float = 60.0, security: Security | None = None,
+                  fn_workers: int = 2, fn_timeout_s: float = 60.0) -> RewardSources:
     """`own_scorer()` builds the service's own core (called once, only when a `service: true`
     source uses it); `own` names it in errors. External servers must answer health within
-    `connect_timeout_s`; `security` is the fleet's TLS and token, for sources with fleet_security."""
+    `connect_timeout_s`; `security` is the fleet's TLS and token, for sources with fleet_security.
+    A function source runs in `fn_workers` worker processes of its own, each item with the deadline
+    `fn_timeout_s`, as `reward.fn` does (services/reward/isolation.py)."""
+    from services.reward.isolation import IsolatedScorer
     from services.reward.sources.function import FunctionSource
     from services.reward.sources.remote_client import RemoteSource
 
@@ -27,7 +31,9 @@ def build_sources(sources: list[RewardSourceConfig], own_scorer: Callable[[], An
     try:
         for source in sources:
             if source.function:
-                built.append(FunctionSource(source))
+                built.append(FunctionSource(source, IsolatedScorer(
+                    source.function, source.params, workers=fn_workers, item_timeout_s=fn_timeout_s),
+                    owns_scorer=True))
             elif source.service:
                 if not shared:
                     shared.append(own_scorer())

@@ -1,11 +1,12 @@
 """A reward function run inside the reward service, as one of `reward.sources`.
 
 The function (a built-in name or `pkg.module:function`, with the source's
-`params`; or, for a `service: true` source, the service's own `reward.fn` or
-`reward.model`) scores each batch in a worker thread; at most `max_concurrency`
-batches at once. A batch that takes longer than `timeout_s` is reported as
-failed (the thread is left to finish on its own: Python cannot stop it), and so
-is a batch whose request the scorer refuses (e.g. an unknown data_source).
+`params`, run in worker processes with a deadline per item, as `reward.fn`:
+services/reward/isolation.py; or, for a `service: true` source, the service's own
+`reward.fn` or `reward.model`) scores each batch from a thread; at most
+`max_concurrency` batches at once. An item past its deadline fails alone (its worker
+is ended); a batch that takes longer than `timeout_s` as a whole is reported as
+failed, and so is a batch whose request the scorer refuses (e.g. an unknown data_source).
 """
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ log = structlog.get_logger(__name__)
 
 
 class FunctionSource:
-    def __init__(self, cfg: RewardSourceConfig, scorer=None, what: str | None = None):
-        """`scorer`: any core with `score(items)` (the reward service's own, for a `service: true`
-        source), else the source's function; `what` says which in errors."""
+    def __init__(self, cfg: RewardSourceConfig, scorer=None, what: str | None = None,
+                 owns_scorer: bool = False):
+        """`scorer`: any core with `score(items)` (an IsolatedScorer of the source's function, or the
+        reward service's own, for a `service: true` source), else the source's function in this
+        process; `what` says which in errors; `owns_scorer`: close() closes it too."""
         self.cfg, self.name, self.weight = cfg, cfg.name, cfg.weight
         self.label = f"reward source {cfg.name!r} ({what or f'function {cfg.function}'})"
         # a bad function spec fails here, before training
         self.scorer = scorer if scorer is not None else RewardScorer(cfg.function, cfg.params)
+        self.owns_scorer = owns_scorer
         self.stats = SourceStats()
         self._pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix=f"reward-{cfg.name}")
 
@@ -65,3 +69,5 @@ class FunctionSource:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.owns_scorer and hasattr(self.scorer, "close"):
+            self.scorer.close()

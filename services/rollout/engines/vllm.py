@@ -126,6 +126,9 @@ class VLLMEngine(RolloutEngine):
         if backend == "ipc":  # placement() is "" here, so learner.weight_backend=auto never picks it
             raise InvalidRequest("the vLLM rollout backend takes weights over nccl or gloo, not 'ipc': "
                                  "set learner.weight_backend=auto, nccl or gloo")
+        from rlfleet.weights.group import probe_store
+
+        probe_store(address, timeout_s)  # a dead or silent address fails here, not in the workers
         self._run(self.engine.collective_rpc(
             "rlfleet_join", args=(address, rank, world_size, backend, timeout_s, token)))
 
