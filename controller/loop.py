@@ -24,10 +24,12 @@ import structlog
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.types import PromptRequest, SamplingParams, TrainBatch
+from rlfleet.types import DataRow, PromptRequest, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
+from controller.env_outage import EnvOutage
+from controller.episodes import env_metrics, env_unavailable, score_group, turn_records
 from controller.evaluation import PeriodicEval
-from controller.groups import ScoredGroup, score_items
+from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion
 from controller.journal import Journal
@@ -97,6 +99,8 @@ class GRPOLoop:
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
+        self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
+        self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
         self._start_step, self._start_version = 0, 0
         # the newest step with a checkpoint: where controller.resume=latest goes back to
         self.checkpointed_step = 0
@@ -136,7 +140,8 @@ class GRPOLoop:
         """Blocks until the gate admits work (or a re-queued request waits); returns the request."""
         with self._cond:
             while not self.stop.is_set():
-                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                          or (self.env_outage is not None and self.env_outage.blocked()))
                 if self._requeue and not paused:
                     return self._requeue.popleft()  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
@@ -157,7 +162,8 @@ class GRPOLoop:
             while not self.stop.is_set():
                 dispatch = self._admit()
                 prompts = dispatch.request_ids()
-                requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
+                requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
+                            for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
                 for seq, prompt in dispatch.members:
                     self._note("dispatched", seq=seq, prompt_index=prompt.index,
@@ -206,14 +212,20 @@ class GRPOLoop:
                     self._scoring += 1
                 try:
                     t0 = time.perf_counter()
-                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
-                                                              waiting.request_id))
+                    unreachable = env_unavailable(waiting.completions)
+                    if unreachable is not None and self.env_outage is not None:
+                        self.env_outage.failed(unreachable)
+                    # Episodes with the environment's reward (or failed) skip the reward service.
+                    results = score_group(waiting.prompt, waiting.completions, waiting.request_id,
+                                          self.recovery.score)
                     scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
                                          waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
+                    env_failed = sum(c.failed for c in waiting.completions)
                     self._note("scored", seq=scored.seq, failed=scored.failed)
                     with self._cond:
-                        self._failed["items"] += scored.failed
+                        self._failed["items"] += scored.failed - env_failed
                         self._failed["groups"] += bool(results) and scored.failed == len(results)
+                        self._env_failed.update(c.env_failure for c in waiting.completions if c.failed)
                         heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
                 finally:
                     with self._cond:
@@ -244,6 +256,9 @@ class GRPOLoop:
                     raise self._error
                 if self.stop.is_set():
                     raise Stopped("stopping")
+                expired = self.env_outage.expired() if self.env_outage is not None else None
+                if expired is not None:
+                    raise expired
                 if not self._buffer:
                     if self.recovery.resync_pending():  # a replica came back: rebuild the group, unlocked
                         self._cond.release()
@@ -357,6 +372,12 @@ class GRPOLoop:
                     metrics["reward/failed"] = float(self._failed["items"])
                     metrics["reward/failed_groups"] = float(self._failed["groups"])
                     self._failed.clear()
+                    if self.cfg.env.enabled:  # env/…: the batch's episodes; failures: all since the last step
+                        metrics.update(env_metrics([c for g in groups for c in g.completions]))
+                        metrics["env/failed"] = float(sum(self._env_failed.values()))
+                        metrics.update({f"env/failed/{cause}": float(n)
+                                        for cause, n in self._env_failed.items()})
+                        self._env_failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 if self.evaluator is not None:
                     metrics.update(self.evaluator.maybe_run(step, result.policy_version,
@@ -382,7 +403,16 @@ class GRPOLoop:
             for thread in gen_threads:
                 thread.join(timeout=5)
             self.sync.close()
+            if self.env_outage is not None:
+                self.env_outage.close()
         return self.last_metrics
+
+    def _row(self, prompt: Prompt) -> DataRow | None:
+        """The data row an environment starts the prompt's episodes from (None without one)."""
+        if not self.cfg.env.enabled:
+            return None
+        return DataRow(data_source=prompt.data_source, prompt=prompt.text, ground_truth=prompt.ground_truth,
+                       extra_info=prompt.extra_info)
 
     def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
         limit = self.cfg.controller.samples_per_step
@@ -395,5 +425,19 @@ class GRPOLoop:
                                 "trained_version": train_version, "replica": g.replica,
                                 "last_version": max(c.last_policy_version, c.policy_version),
                                 "finish_reason": c.finish_reason,
-                                "ground_truth": g.prompt.ground_truth})
+                                "ground_truth": g.prompt.ground_truth,
+                                **({"turns": turn_records(c), "env_reward": c.env_reward,
+                                    "env_failure": c.env_failure or None} if c.turns or c.failed else {})})
         return records if limit is None else records[:limit]
+
+
+def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:
+    """The environment outage tracker, probing the environment server's health (None without one)."""
+    if not cfg.env.address:
+        return None
+    from rlfleet.rpc.channel import health_status, open_channel
+
+    channel = open_channel(cfg.env.address)
+    return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
+                     on_change=lambda state, fields: note("env_outage" if state == "outage" else "env_back",
+                                                          **fields))

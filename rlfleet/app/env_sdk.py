@@ -90,6 +90,12 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
         tmp.write_text(json.dumps({"address": server.address, "role": "env"}))
         tmp.replace(announce)
     if block:
+        import os
+
+        from rlfleet.rpc.service_main import PARENT_PID_ENV, stop_when_parent_exits
+
+        if os.environ.get(PARENT_PID_ENV):  # started by `rlfleet run`: no orphan if it is killed
+            stop_when_parent_exits(server._server, int(os.environ[PARENT_PID_ENV]))
         server._server.install_signal_handlers()
         print(f"rlfleet environment server: serving on {server.address}", flush=True)
         server.wait()

@@ -18,6 +18,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
     from rlfleet.extensions import ROLLOUT_ENGINES
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
+    from services.rollout.agent_loop import build_agent
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
@@ -27,7 +28,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0) -> None
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, cfg.rollout, cfg.run.seed)
-        servicer.attach(engine)
+        servicer.attach(engine, build_agent(engine, cfg.rollout, cfg.env) if cfg.env.enabled else None)
 
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
                 servicer, load, name=name, security=security)

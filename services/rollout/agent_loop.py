@@ -29,7 +29,8 @@ from rlfleet.env.chat import ObservationRenderer
 from rlfleet.env.episode import DONE, MAX_TURNS, TOKEN_BUDGET, Episode
 from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action, EpisodeRow, StepResult
-from rlfleet.errors import InvalidRequest
+from rlfleet.config import EnvConfig, RolloutConfig
+from rlfleet.errors import ConfigError, InvalidRequest
 from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine
 from services.rollout.env_client import EnvClient
@@ -153,3 +154,17 @@ class AgentLoop:
             if request_id not in done and all(e.finished for e in group):
                 done.add(request_id)
                 yield GroupResult(request_id=request_id, completions=[e.completion() for e in group])
+
+
+def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig) -> AgentLoop:
+    """The agent loop over `engine` against the environment server at env.address."""
+    if not env.address:
+        raise ConfigError(f"env.name={env.name!r} is served by `rlfleet run`; a rollout started on its own "
+                          "needs env.address (serve it with `rlfleet env serve NAME --port P`)")
+    tokenizer = getattr(engine, "tokenizer", None)
+    max_context = getattr(engine, "max_seq_len", None) or getattr(engine, "max_model_len", None)
+    if tokenizer is None or max_context is None:
+        raise ConfigError(f"rollout.backend={rollout.backend} exposes no tokenizer or context length: it "
+                          "cannot run multi-turn episodes (env.*)")
+    client = EnvClient(env.address, env.timeout_s, env.batch_size, env.max_concurrency)
+    return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context)
