@@ -1,4 +1,4 @@
-"""`digits_game`: reverse a digit string in up to `max_tries` attempts; the embedded tiny model's
+"""`digits_game`: reverse a digit string in up to `max_tries` attempts (2 by default); the embedded tiny model's
 multi-turn task (its data set is the built-in digits_reverse task: `rlfleet data digits-reverse`).
 
 Each attempt is one turn. A right answer ends the episode; a wrong one is answered with the same
@@ -25,7 +25,7 @@ class DigitsGame(Environment):
     name = "digits_game"
     description = "Reverse a digit string; a wrong attempt is asked again, up to max_tries."
 
-    def __init__(self, max_tries: int = 3, try_cost: float = 0.25):
+    def __init__(self, max_tries: int = 2, try_cost: float = 0.25):
         self.max_tries, self.try_cost = max_tries, try_cost
 
     def start(self, row: EpisodeRow) -> dict:

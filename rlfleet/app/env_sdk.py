@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,9 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
     server = EnvServer(env, host, port, params, max_workers, security)
     if announce is not None:
         tmp = announce.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"address": server.address, "role": "env"}))
+        tmp.write_text(json.dumps({"address": server.address, "role": "env", "pid": os.getpid()}))
         tmp.replace(announce)
     if block:
-        import os
-
         from rlfleet.rpc.service_main import PARENT_PID_ENV, stop_when_parent_exits
 
         if os.environ.get(PARENT_PID_ENV):  # started by `rlfleet run`: no orphan if it is killed
