@@ -1,5 +1,5 @@
-"""`digits_game`: reverse a digit string in up to `max_tries` attempts (2 by default); the embedded tiny model's
-multi-turn task (its data set is the built-in digits_reverse task: `rlfleet data digits-reverse`).
+"""`digits_game`: reverse a digit string in up to `max_tries` attempts (2 by default); the embedded tiny
+model's multi-turn task (its data set is the built-in digits_reverse task: `rlfleet data digits-reverse`).
 
 Each attempt is one turn. A right answer ends the episode; a wrong one is answered with the same
 request again ("Reverse the digits: 4721", which the tiny model was warm-started on), until the
