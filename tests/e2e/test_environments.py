@@ -24,8 +24,11 @@ GAME = ["env.name=digits_game", "rollout.max_turns=2"]
 
 
 @pytest.mark.slow
-def test_tiny_model_learns_the_multi_turn_game(run_dir):
-    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=game", "controller.max_steps=20", *GAME)
+def test_tiny_model_learns_the_multi_turn_game(run_dir, tmp_path):
+    val = tmp_path / "val.parquet"
+    assert rlfleet("data", "digits-reverse", "--output", str(val), "--size", "16").returncode == 0
+    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=game", "controller.max_steps=20", *GAME,
+                   f"data.val_files=[{val}]", "controller.eval_every=20", "controller.eval_before_train=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run_dir / "game"
     lines = read_jsonl(out / "metrics.jsonl")
@@ -45,6 +48,10 @@ def test_tiny_model_learns_the_multi_turn_game(run_dir):
     assert "Reverse the digits: " in s["turns"][0]["observation"]
     assert s["version"] == min(t["version"] for t in s["turns"]) and s["reward"] == s["env_reward"]
     assert s["trained_version"] - s["version"] <= 1
+    # Validation plays episodes too (greedy): the responses hold the environment's turns.
+    assert "val/digits_reverse/accuracy" in lines[-1]
+    val_samples = read_jsonl(out / "samples" / "val.jsonl")
+    assert len(val_samples) == 16 and any("<|im_start|>user" in v["response"] for v in val_samples)
     config = (out / "config.yaml").read_text()
     assert "address: 127.0.0.1:" in config.split("env:")[1].split("\n")[2]  # served by `rlfleet run`
 
