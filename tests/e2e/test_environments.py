@@ -28,7 +28,8 @@ def test_tiny_model_learns_the_multi_turn_game(run_dir, tmp_path):
     val = tmp_path / "val.parquet"
     assert rlfleet("data", "digits-reverse", "--output", str(val), "--size", "16").returncode == 0
     proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=game", "controller.max_steps=20", *GAME,
-                   f"data.val_files=[{val}]", "controller.eval_every=20", "controller.eval_before_train=false")
+                   f"data.val_files=[{val}]", "controller.eval_every=20",
+                   "controller.eval_before_train=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = run_dir / "game"
     lines = read_jsonl(out / "metrics.jsonl")
