@@ -136,3 +136,18 @@ def test_environment_server_killed_mid_run_does_not_end_the_run(run_dir):
     if failed:  # episodes were in flight when it died: the outage paused admission and ended
         assert '"env_outage"' in journal and '"env_back"' in journal
     assert "Traceback" not in stderr
+
+
+def test_tool_environment_leaves_the_final_answer_to_the_reward_service(run_dir):
+    """The calculator gives no reward: every episode's final turn is scored by the reward service
+    (the tiny model never calls the tool, so each episode is its one answer turn)."""
+    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=calc", "controller.max_steps=3",
+                   "env.name=calculator", "rollout.stop=['</tool>']")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = read_jsonl(run_dir / "calc" / "metrics.jsonl")
+    for m in lines:
+        assert m["env/with_env_reward"] == 0 and m["env/turns_mean"] == 1.0 and m["env/failed"] == 0
+        assert m["reward/failed"] == 0 and m["env/observed_tokens"] == 0
+    samples = read_jsonl(run_dir / "calc" / "samples" / "train.jsonl")
+    assert all(s["reward"] is not None and s["env_reward"] is None for s in samples)
+    assert all(s["response"] == s["turns"][0]["text"] for s in samples)
