@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
+from controller.groups import score_items
 from rlfleet.data.prompts import Prompt
 from rlfleet.env.types import FAILURE_CAUSES, UNAVAILABLE
 from rlfleet.types import Completion, ScoreItem, ScoreResult
@@ -19,22 +21,21 @@ from rlfleet.types import Completion, ScoreItem, ScoreResult
 def score_group(prompt: Prompt, completions: list[Completion], request_id: str,
                 score: Callable[[list[ScoreItem]], list[ScoreResult]]) -> list[ScoreResult]:
     """One result per completion, in order; `score` (the reward service) is called only for those
-    that need it, and not at all when none does."""
+    that need it, and not at all when none does. The items are groups.score_items' (whatever a reward
+    is told of a single-turn response), with the final turn as the response."""
+    items = score_items(prompt, completions, request_id)
     results: list[ScoreResult | None] = []
-    items: list[ScoreItem] = []
-    for i, c in enumerate(completions):
-        item_id = f"{request_id}/{i}"
+    to_score: list[ScoreItem] = []
+    for c, item in zip(completions, items):
         if c.failed:
-            results.append(ScoreResult(item_id, 0.0, ok=False,
+            results.append(ScoreResult(item.id, 0.0, ok=False,
                                        error=f"environment: {c.env_failure}: {c.env_error}"))
         elif c.env_reward is not None:
-            results.append(ScoreResult(item_id, float(c.env_reward)))
+            results.append(ScoreResult(item.id, float(c.env_reward)))
         else:
             results.append(None)
-            items.append(ScoreItem(id=item_id, data_source=prompt.data_source, prompt=prompt.text,
-                                   response=c.final_text, ground_truth=prompt.ground_truth,
-                                   extra_info=prompt.extra_info))
-    scored = iter(score(items) if items else [])
+            to_score.append(replace(item, response=c.final_text))
+    scored = iter(score(to_score) if to_score else [])
     return [r if r is not None else next(scored) for r in results]
 
 
