@@ -128,3 +128,12 @@ def test_env_metrics_by_hand():
     assert m["env/failed"] == 1 and m["env/failed/unavailable"] == 1 and m["env/failed/timeout"] == 0
     assert (m["env/finish/stop"], m["env/finish/max_turns"]) == (1, 1)
     assert env_metrics([Completion([5], [-0.1], "stop", 0)]) == {}  # single-turn runs have none
+
+
+def test_overlong_penalty_judges_an_episodes_final_turn():
+    from controller.sample_builder import shaped_length
+
+    # The episode holds 7 tokens, but its final turn generated 1: the penalty (rollout.max_new_tokens
+    # bounds one turn) looks at that turn; a single-turn response is judged whole.
+    assert shaped_length(two_turn_episode().completion()) == 1
+    assert shaped_length(Completion([1, 2, 3], [0.0] * 3, "length", 0)) == 3
