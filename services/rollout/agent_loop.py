@@ -120,8 +120,8 @@ class AgentLoop:
                 e.fail(result.failure, result.error)
                 continue
             e.record_answer(result, latency_s)
-            if result.done:
-                e.finish(DONE)
+            if result.done:  # a final answer cut at the token limit is one cut at the budget, as in one turn
+                e.finish(DONE if e.turns[-1].finish_reason == "stop" else TOKEN_BUDGET)
             elif turn >= self.max_turns:
                 to_end[MAX_TURNS].append(e)
             elif not self._observe(e, result, turn_ended_with_eos=e.token_ids[-1] in self.eos_ids):

@@ -87,6 +87,25 @@ def test_max_turns_ends_episodes_with_the_environments_end_reward(engine):
                                               f"{g.completions[0].turns[0].observation.split(': ')[1]}")
 
 
+class OneAnswer(Environment):
+    def start(self, row):
+        return {}
+
+    def step(self, state, action):
+        return Step(reward=1.0, done=True)
+
+
+def test_a_final_answer_cut_at_the_turn_limit_ends_the_episode_as_length(engine):
+    with serve(OneAnswer(), block=False) as server:
+        client = EnvClient(server.address)
+        loop = AgentLoop(engine, client, engine.tokenizer, 3, None, engine.max_seq_len)
+        short = SamplingParams(n=2, temperature=1.0, max_new_tokens=1, seed=1)  # no answer ends in 1 token
+        groups = list(loop.generate(prompts(engine), short))
+        client.close()
+    for c in (c for g in groups for c in g.completions):
+        assert c.turns[0].finish_reason == "length" and c.finish_reason == "length" and c.env_reward == 1.0
+
+
 def test_token_budget_stops_an_episode_before_an_observation_that_does_not_fit(engine):
     groups = run(engine, Echo(), max_turns=5, max_episode_tokens=12)
     for c in (c for g in groups.values() for c in g.completions):
