@@ -1,9 +1,10 @@
 """What the algorithm does in the controller: reward shaping, dynamic sampling, group advantages.
 
 * Overlong shaping (DAPO's soft overlong punishment; for a multi-turn episode, of its final turn):
-  with ``L`` = rollout.max_new_tokens and a buffer of ``c = overlong_buffer_ratio * L`` tokens, a
-  response of length ``l`` gets ``0`` if ``l <= L - c``, ``-penalty * (l - (L - c)) / c`` inside the buffer, and
-  ``-penalty`` at ``L`` (a truncated response). Added to the reward before advantages.
+  with ``L`` = rollout.max_new_tokens and a buffer of ``c = overlong_buffer_ratio * L`` tokens,
+  a response of length ``l`` gets ``0`` if ``l <= L - c``, ``-penalty * (l - (L - c)) / c``
+  inside the buffer, and ``-penalty`` at ``L`` (a truncated response). Added to the reward
+  before advantages.
 * Dynamic sampling (DAPO): a group whose (shaped) rewards are all equal has zero advantage
   everywhere and only dilutes the batch; the loop drops it and generates more.
 * Advantages: the registered group estimator, over the shaped rewards.
