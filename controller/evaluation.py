@@ -59,6 +59,7 @@ class PeriodicEval:
         )
         self.per_request = cc.prompts_per_request
         self.samples_path = samples_path
+        self.episodes = cfg.env.enabled  # validate as trained: multi-turn episodes with the environment
 
     @classmethod
     def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int) -> PeriodicEval | None:
@@ -80,7 +81,8 @@ class PeriodicEval:
 
     def run(self, step: int, version: int, generate: GenerateFn, score: ScoreFn) -> dict[str, float]:
         start = time.perf_counter()
-        samples = run_eval(self.prompts, generate, score, self.params, self.per_request)
+        samples = run_eval(self.prompts, generate, score, self.params, self.per_request,
+                           episodes=self.episodes)
         summary = summarize(samples, self.params.n)
         metrics = flat_metrics(summary)
         metrics["timing/eval_s"] = time.perf_counter() - start

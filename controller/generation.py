@@ -18,7 +18,8 @@ from rlfleet.data.prompts import Prompt
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
-from controller.groups import ScoredGroup, score_items
+from controller.episodes import env_unavailable, score_group
+from controller.groups import ScoredGroup
 from controller.recovery import Stopped
 from controller.state import Dispatch, sampling_seed
 
@@ -56,7 +57,8 @@ class GenerationSide:
             while not self.stop.is_set():
                 if not member.takes_work():
                     raise Leaving(member.address)
-                paused = self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                          or (self.env_outage is not None and self.env_outage.blocked()))
                 if self._requeue and not paused:
                     return self._requeue.popleft()  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
@@ -108,7 +110,8 @@ class GenerationSide:
             while not self.stop.is_set():
                 dispatch = self._admit(member)
                 prompts = dispatch.request_ids()
-                requests = [PromptRequest(rid, p.prompt_ids) for rid, (_, p) in prompts.items()]
+                requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
+                            for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
                 for seq, prompt in dispatch.members:
                     self._note("dispatched", seq=seq, prompt_index=prompt.index,
@@ -167,14 +170,20 @@ class GenerationSide:
                     self._scoring += 1
                 try:
                     t0 = time.perf_counter()
-                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
-                                                              waiting.request_id))
+                    unreachable = env_unavailable(waiting.completions)
+                    if unreachable is not None and self.env_outage is not None:
+                        self.env_outage.failed(unreachable)
+                    # Episodes with the environment's reward (or failed) skip the reward service.
+                    results = score_group(waiting.prompt, waiting.completions, waiting.request_id,
+                                          self.recovery.score)
                     scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
                                          waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
+                    env_failed = sum(c.failed for c in waiting.completions)
                     self._note("scored", seq=scored.seq, failed=scored.failed)
                     with self._cond:
-                        self._failed["items"] += scored.failed
+                        self._failed["items"] += scored.failed - env_failed
                         self._failed["groups"] += bool(results) and scored.failed == len(results)
+                        self._env_failed.update(c.env_failure for c in waiting.completions if c.failed)
                         heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
                 finally:
                     with self._cond:

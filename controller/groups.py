@@ -43,7 +43,7 @@ class ScoredGroup:
         advantages = (estimator(rewards) if estimator else group_advantages(rewards).tolist()) if kept else []
         return [TrainSample(prompt_ids=self.prompt.prompt_ids, response_ids=c.token_ids,
                             behaviour_logprobs=c.logprobs, advantage=float(a),
-                            generation_version=c.policy_version, reward=float(r))
+                            generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask)
                 for (c, _), a, r in zip(kept, advantages, rewards) if c.token_ids]
 
 

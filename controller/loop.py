@@ -24,12 +24,15 @@ import structlog
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
 from rlfleet.errors import RlfleetError
-from rlfleet.types import SamplingParams, TrainBatch
+from rlfleet.types import DataRow, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
+from controller.env_outage import EnvOutage
+from controller.episodes import env_metrics, env_unavailable, score_group, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
 from controller.generation import GenerationSide, ScoredGroupInput
 from controller.groups import ScoredGroup
+from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
@@ -92,6 +95,8 @@ class GRPOLoop(GenerationSide):
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
+        self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
+        self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
         self._start_step, self._start_version = 0, 0
         # the newest step with a checkpoint: where controller.resume=latest goes back to
         self.checkpointed_step = 0
@@ -144,6 +149,9 @@ class GRPOLoop(GenerationSide):
                     raise self._error
                 if self.stop.is_set():
                     raise Stopped("stopping")
+                expired = self.env_outage.expired() if self.env_outage is not None else None
+                if expired is not None:
+                    raise expired
                 if not self._buffer:
                     self._check_fleet_not_empty()
                     # a replica came back, joined or left: rebuild the group now, unlocked
@@ -259,6 +267,12 @@ class GRPOLoop(GenerationSide):
                     metrics["reward/failed"] = float(self._failed["items"])
                     metrics["reward/failed_groups"] = float(self._failed["groups"])
                     self._failed.clear()
+                    if self.cfg.env.enabled:  # env/…: the batch's episodes; failures: all since the last step
+                        metrics.update(env_metrics([c for g in groups for c in g.completions]))
+                        metrics["env/failed"] = float(sum(self._env_failed.values()))
+                        metrics.update({f"env/failed/{cause}": float(n)
+                                        for cause, n in self._env_failed.items()})
+                        self._env_failed.clear()
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 metrics.update(self.fleet.metrics())  # fleet/replicas, fleet/joins, fleet/leaves
                 if self.evaluator is not None:
@@ -286,7 +300,16 @@ class GRPOLoop(GenerationSide):
             for thread in list(self._threads):
                 thread.join(timeout=5)
             self.sync.close()
+            if self.env_outage is not None:
+                self.env_outage.close()
         return self.last_metrics
+
+    def _row(self, prompt: Prompt) -> DataRow | None:
+        """The data row an environment starts the prompt's episodes from (None without one)."""
+        if not self.cfg.env.enabled:
+            return None
+        return DataRow(data_source=prompt.data_source, prompt=prompt.text, ground_truth=prompt.ground_truth,
+                       extra_info=prompt.extra_info)
 
     def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
         limit = self.cfg.controller.samples_per_step
@@ -299,5 +322,19 @@ class GRPOLoop(GenerationSide):
                                 "trained_version": train_version, "replica": g.replica,
                                 "last_version": max(c.last_policy_version, c.policy_version),
                                 "finish_reason": c.finish_reason,
-                                "ground_truth": g.prompt.ground_truth})
+                                "ground_truth": g.prompt.ground_truth,
+                                **({"turns": turn_records(c), "env_reward": c.env_reward,
+                                    "env_failure": c.env_failure or None} if c.turns or c.failed else {})})
         return records if limit is None else records[:limit]
+
+
+def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:
+    """The environment outage tracker, probing the environment server's health (None without one)."""
+    if not cfg.env.address:
+        return None
+    from rlfleet.rpc.channel import health_status, open_channel
+
+    channel = open_channel(cfg.env.address)
+    return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
+                     on_change=lambda state, fields: note("env_outage" if state == "outage" else "env_back",
+                                                          **fields))

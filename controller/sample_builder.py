@@ -1,9 +1,10 @@
 """What the algorithm does in the controller: reward shaping, dynamic sampling, group advantages.
 
-* Overlong shaping (DAPO's soft overlong punishment): with ``L`` = rollout.max_new_tokens and
-  a buffer of ``c = overlong_buffer_ratio * L`` tokens, a response of length ``l`` gets
-  ``0`` if ``l <= L - c``, ``-penalty * (l - (L - c)) / c`` inside the buffer, and
-  ``-penalty`` at ``L`` (a truncated response). Added to the reward before advantages.
+* Overlong shaping (DAPO's soft overlong punishment; for a multi-turn episode, of its final turn):
+  with ``L`` = rollout.max_new_tokens and a buffer of ``c = overlong_buffer_ratio * L`` tokens,
+  a response of length ``l`` gets ``0`` if ``l <= L - c``, ``-penalty * (l - (L - c)) / c``
+  inside the buffer, and ``-penalty`` at ``L`` (a truncated response). Added to the reward
+  before advantages.
 * Dynamic sampling (DAPO): a group whose (shaped) rewards are all equal has zero advantage
   everywhere and only dilutes the batch; the loop drops it and generates more.
 * Advantages: the registered group estimator, over the shaped rewards.
@@ -15,7 +16,7 @@ import statistics
 from controller.groups import ScoredGroup
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
 from rlfleet.algorithm import AlgorithmConfig
-from rlfleet.types import TrainSample
+from rlfleet.types import Completion, TrainSample
 
 
 def overlong_penalty(length: int, max_tokens: int, buffer_tokens: float, penalty: float) -> float:
@@ -28,6 +29,12 @@ def overlong_penalty(length: int, max_tokens: int, buffer_tokens: float, penalty
     return -penalty * min(length - start, buffer_tokens) / buffer_tokens
 
 
+def shaped_length(c: Completion) -> int:
+    """The length the overlong penalty judges: the response, or for a multi-turn episode its final turn
+    (rollout.max_new_tokens bounds one turn; observations are not the model's length)."""
+    return c.turns[-1].generated_tokens if c.turns else len(c.token_ids)
+
+
 class SampleBuilder:
     def __init__(self, algo: AlgorithmConfig, max_new_tokens: int) -> None:
         self.algo = algo
@@ -37,7 +44,7 @@ class SampleBuilder:
 
     def shaped_rewards(self, group: ScoredGroup) -> list[float]:
         """One reward per scored completion: the score plus the overlong penalty."""
-        return [score + overlong_penalty(len(c.token_ids), self.max_new_tokens, self.buffer_tokens,
+        return [score + overlong_penalty(shaped_length(c), self.max_new_tokens, self.buffer_tokens,
                                          self.algo.overlong_penalty)
                 for c, score in group.scored()]
 

@@ -116,10 +116,41 @@ class RolloutConfig(ServiceEndpointConfig):
     cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static "
                               "loop's decode step as a CUDA graph")
 
+    max_turns: int = Field(4, ge=1, le=1024, description="with an environment (env.name or env.address): "
+                           "most model turns of one episode; an episode still running then is ended")
+    max_episode_tokens: int | None = Field(None, ge=1, description="with an environment: most tokens of an "
+                                           "episode's response (the model's turns and the observations); "
+                                           "null: what the model's context leaves after the prompt")
+
     @field_validator("backend")
     @classmethod
     def _registered_engine(cls, name: str) -> str:
         return registered(ROLLOUT_ENGINES, name)
+
+
+class EnvConfig(Section):
+    """Multi-turn episodes against an environment server (docs/environments.md)."""
+
+    name: str | None = Field(None, description="a built-in environment (calculator, python, digits_game) or "
+                             "pkg.module:Class that `rlfleet run` serves in a process of its own; null: none "
+                             "(or env.address)")
+    address: str | None = Field(None, description="host:port of a running environment server "
+                                "(rlfleet.v1.Environment, any language); set, every sample is an episode")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of env.name's "
+                                   "constructor, e.g. {max_tries: 3}")
+    port: int = Field(0, ge=0, le=65535, description="port `rlfleet run` serves env.name on; 0 picks a "
+                      "free one")
+    timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="deadline of one call (a batch of "
+                             "episodes' turns); a late call fails its episodes (env/failed/timeout)")
+    batch_size: int = Field(64, ge=1, le=4096, description="episodes per call to the environment")
+    max_concurrency: int = Field(4, ge=1, le=256, description="calls in flight to the environment at once")
+    max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while the "
+                                "environment cannot be reached: admission pauses; after this the run "
+                                "stops with the cause")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.name or self.address)
 
 
 class RewardConfig(ServiceEndpointConfig):
@@ -265,6 +296,8 @@ class JobConfig(Section):
                                              "weighted sources")
     learner: LearnerConfig = Field(default_factory=LearnerConfig,
                                    description="the learner service: optimizer, checkpoints, weight sync")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="an environment server for multi-turn "
+                           "episodes (tools, games); none by default")
     controller: ControllerConfig = Field(default_factory=ControllerConfig,
                                          description="the GRPO loop: batch sizes, staleness, steps, fault "
                                                      "tolerance")

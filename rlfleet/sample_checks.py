@@ -16,6 +16,7 @@ class SampleTokens(Protocol):
     prompt_ids: list[int]
     response_ids: list[int]
     behaviour_logprobs: list[float]
+    loss_mask: list[int] | None
 
 
 def check_sample_shape(i: int, s: SampleTokens) -> None:
@@ -27,3 +28,10 @@ def check_sample_shape(i: int, s: SampleTokens) -> None:
     if len(s.behaviour_logprobs) != len(s.response_ids):
         raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "
                              f"{len(s.response_ids)} response tokens")
+    mask = s.loss_mask
+    if mask:  # None or empty: every response token is trained on
+        if len(mask) != len(s.response_ids):
+            raise InvalidRequest(f"sample {i}: {len(mask)} loss_mask entries for {len(s.response_ids)} "
+                                 "response tokens")
+        if any(m not in (0, 1) for m in mask):
+            raise InvalidRequest(f"sample {i}: loss_mask entries must be 0 or 1")

@@ -21,11 +21,39 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class DataRow:
+    """The data row a prompt came from: what an environment starts an episode from."""
+
+    data_source: str = ""
+    prompt: str = ""  # the rendered prompt text
+    ground_truth: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PromptRequest:
-    """One prompt to sample a group of `n` completions for."""
+    """One prompt to sample a group of `n` completions for (each an episode, with an environment)."""
 
     request_id: str
     prompt_ids: list[int]
+    row: DataRow | None = None
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One model turn of a multi-turn episode and the observation that followed it."""
+
+    generated_tokens: int
+    observed_tokens: int
+    policy_version: int  # the oldest version that generated a token of this turn
+    last_policy_version: int
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_latency_s: float = 0.0
+    text: str = ""
+    observation: str = ""
+    reward: float | None = None
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -36,6 +64,24 @@ class Completion:
     policy_version: int  # the oldest version that generated any of its tokens
     text: str = ""
     last_policy_version: int = -1  # the newest one; -1 means the same as policy_version
+    # Multi-turn episodes: token_ids/logprobs then hold the model's turns and the observations between
+    # them (logprob 0); loss_mask marks the model's tokens (None: all are, one turn).
+    loss_mask: list[int] | None = None
+    turns: tuple[TurnRecord, ...] = ()
+    env_reward: float | None = None  # the environment's reward (its last), if it gave one
+    env_failure: str = ""  # why the episode failed, by cause (unavailable, timeout, invalid_reply, …)
+    env_error: str = ""  # the failure in words, naming the episode
+    opening_tokens: int = 0  # observation tokens before the first turn
+
+    @property
+    def failed(self) -> bool:
+        """An episode whose environment failed: it has no reward and is left out of training."""
+        return bool(self.env_failure)
+
+    @property
+    def final_text(self) -> str:
+        """What the reward service scores: the model's last turn (the whole text for one turn)."""
+        return self.turns[-1].text if self.turns else self.text
 
 
 @dataclass(frozen=True)
@@ -83,6 +129,7 @@ class TrainSample:
     advantage: float
     generation_version: int
     reward: float = 0.0  # the sample's (shaped) reward, for estimators the learner runs (gae, reinforce_pp)
+    loss_mask: list[int] | None = None  # per response token, 0: not trained on (an observation); None: all 1
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("build-model", help="build (or find cached) the embedded tiny model; prints its folder")
     from rlfleet.app.reward_cli import add_reward_parser
     add_reward_parser(sub)
+    from rlfleet.app.env_cli import add_env_parser
+    add_env_parser(sub)
     data_command.add_parser(sub)
     eval_command.add_parser(sub)
     sft_command.add_parser(sub)
@@ -137,6 +139,9 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "reward":
         from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)
+    elif args.command == "env":
+        from rlfleet.app.env_cli import run_env_command
+        return run_env_command(args)
     elif args.command == "health":
         return health_cli.run(args, _security_of(getattr(args, "config", None)))
     elif args.command == "fleet":

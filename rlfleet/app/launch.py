@@ -75,6 +75,14 @@ class Child:
 STOP_GRACE_S = 300.0
 
 
+def free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def replica_names(count: int) -> list[str]:
     """`rollout` for the first replica (so one replica looks like any other service), then rollout-1…"""
     return ["rollout", *(f"rollout-{i}" for i in range(1, count))]
@@ -104,9 +112,13 @@ class Launcher:
         services_dir.mkdir(parents=True, exist_ok=True)
         for stale in [*services_dir.glob("*.json"), *services_dir.glob("*.load-error")]:
             stale.unlink()
+        addresses = {}
+        # First: the rollout reads the environment's address from the config.
+        if self.cfg.env.name and not self.cfg.env.address:
+            self.cfg.env.address = self._start_environment()
+            print(f"rlfleet: environment {self.cfg.env.name}@{self.cfg.env.address}", flush=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(self.cfg.to_yaml())
-        addresses = {}
         for role in ROLES:
             endpoint = getattr(self.cfg, role)
             if role == "rollout" and (endpoint.address or endpoint.addresses):
@@ -125,7 +137,8 @@ class Launcher:
         # Watched from the start: one that fails while loading stops the run while others still load.
         threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
         for child in self.children:
-            addresses[child.role] = self._await_announce(child)
+            if child.role != "env":
+                addresses[child.role] = self._await_announce(child)
         return addresses
 
     def _spawn(self, role: str, config_path: Path, name: str, index: int) -> None:
@@ -144,6 +157,25 @@ class Launcher:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=first_env,
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
         self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env, run_dir=self.run_dir))
+
+    def _start_environment(self) -> str:
+        """Serves env.name in a process of its own (supervised like the services). Its port is chosen
+        here, so a restarted environment server is found where the rollout already looks."""
+        import yaml
+
+        env = self.cfg.env
+        port = env.port or free_port(env_host := "127.0.0.1")
+        stderr_path = self.run_dir / "logs" / "env.stderr"
+        cmd = [sys.executable, "-m", "rlfleet.app.cli", "env", "serve", env.name, "--host", env_host,
+               "--port", str(port), "--announce", str(self.run_dir / "services" / "env.json")]
+        for key, value in env.params.items():
+            cmd += ["--param", f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"]
+        child_env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=child_env,
+                                start_new_session=True)
+        child = Child("env", proc, stderr_path, cmd=cmd, env=child_env, run_dir=self.run_dir)
+        self.children.append(child)
+        return self._await_announce(child)
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"

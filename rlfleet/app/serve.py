@@ -24,6 +24,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     from rlfleet.extensions import ROLLOUT_ENGINES
     from rlfleet.models.resolve import resolve_model_path
     from rlfleet.proto.v1 import rollout_pb2_grpc
+    from services.rollout.agent_loop import build_agent
     from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
@@ -34,7 +35,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner
         engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, rollout_cfg, cfg.run.seed)
-        servicer.attach(engine)
+        servicer.attach(engine, build_agent(engine, rollout_cfg, cfg.env) if cfg.env.enabled else None)
 
     on_serving = None
     if join:

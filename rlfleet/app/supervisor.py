@@ -76,7 +76,8 @@ class Supervisor:
         announced = self.run_dir / "services" / f"{child.role}.json"
         try:  # the same port: clients keep their address and reconnect
             port = json.loads(announced.read_text())["address"].rpartition(":")[2]
-            extra.append(f"{role}.port={port}")
+            if "--port" not in child.cmd:  # an environment server's command names its port already
+                extra.append(f"{role}.port={port}")
         except (OSError, ValueError, KeyError):
             pass
         if role == "learner":

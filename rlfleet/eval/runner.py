@@ -13,26 +13,38 @@ from collections.abc import Callable, Iterator
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import RlfleetError
 from rlfleet.eval.scoring import EvalSample
-from rlfleet.types import GroupResult, PromptRequest, SamplingParams, ScoreItem, ScoreResult
+from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams, ScoreItem, ScoreResult
 
 GenerateFn = Callable[[list[PromptRequest], SamplingParams], Iterator[GroupResult]]
 ScoreFn = Callable[[list[ScoreItem]], list[ScoreResult]]
 
 
 def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[EvalSample]:
+    """Scores the final turn of each completion (the whole text of a single-turn one); an episode the
+    environment rewarded keeps that reward, and one it failed has none."""
     items = [
         ScoreItem(
             id=f"{group.request_id}/{i}",
             data_source=prompt.data_source,
             prompt=prompt.text,
-            response=c.text,
+            response=c.final_text,
             ground_truth=prompt.ground_truth,
             extra_info=prompt.extra_info,
             finish_reason=c.finish_reason,
         )
         for i, c in enumerate(group.completions)
+        if not c.failed and c.env_reward is None
     ]
-    results = score(items)
+    scored = iter(score(items) if items else [])
+    results = [
+        ScoreResult(f"{group.request_id}/{i}", 0.0, ok=False,
+                    error=f"environment: {c.env_failure}: {c.env_error}")
+        if c.failed
+        else ScoreResult(f"{group.request_id}/{i}", float(c.env_reward))
+        if c.env_reward is not None
+        else next(scored)
+        for i, c in enumerate(group.completions)
+    ]
     return [
         EvalSample(
             prompt_index=prompt.index,
@@ -51,6 +63,11 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
     ]
 
 
+def _row(p: Prompt) -> DataRow:
+    return DataRow(data_source=p.data_source, prompt=p.text, ground_truth=p.ground_truth,
+                   extra_info=p.extra_info)
+
+
 def run_eval(
     prompts: list[Prompt],
     generate: GenerateFn,
@@ -58,8 +75,10 @@ def run_eval(
     params: SamplingParams,
     prompts_per_request: int = 32,
     progress: bool = False,
+    episodes: bool = False,
 ) -> list[EvalSample]:
-    """Every prompt's n samples, scored, in prompt order."""
+    """Every prompt's n samples, scored, in prompt order. `episodes`: each sample is an episode against
+    the rollout's environment (the requests carry their data rows)."""
     from tqdm import tqdm
 
     samples: list[EvalSample] = []
@@ -69,7 +88,8 @@ def run_eval(
     try:
         for start in range(0, len(prompts), prompts_per_request):
             chunk = {f"eval-{p.index}": p for p in prompts[start : start + prompts_per_request]}
-            requests = [PromptRequest(rid, p.prompt_ids) for rid, p in chunk.items()]
+            requests = [PromptRequest(rid, p.prompt_ids, row=_row(p) if episodes else None)
+                        for rid, p in chunk.items()]
             seen: dict[str, GroupResult] = {}
             for group in generate(requests, params):
                 if group.request_id not in chunk or group.request_id in seen:
@@ -81,7 +101,7 @@ def run_eval(
                 samples.extend(_score_group(chunk[request_id], group, score))
                 bar.update(1)
             if len(seen) != len(chunk):
-                missing = sorted(set(chunk) - seen)[:3]
+                missing = sorted(set(chunk) - set(seen))[:3]
                 raise RlfleetError(
                     f"generation returned {len(seen)} of {len(chunk)} groups (missing {missing})"
                 )

@@ -23,27 +23,80 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> t.SamplingParams:
         seed=msg.seed if msg.HasField("seed") else None)
 
 
+def row_to_proto(row: t.DataRow) -> rollout_pb2.DataRow:
+    return rollout_pb2.DataRow(data_source=row.data_source, prompt=row.prompt, ground_truth=row.ground_truth,
+                               extra_info_json=json.dumps(row.extra_info) if row.extra_info else "")
+
+
+def row_from_proto(msg: rollout_pb2.DataRow, request_id: str) -> t.DataRow:
+    return t.DataRow(data_source=msg.data_source, prompt=msg.prompt, ground_truth=msg.ground_truth,
+                     extra_info=json_object(msg.extra_info_json,
+                                            f"prompt {request_id!r}: row.extra_info_json"))
+
+
+def json_object(text: str, what: str) -> dict:
+    """A JSON object from `text` ("" is {}); InvalidRequest naming `what` otherwise."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return value
+
+
 def generate_request_to_proto(prompts: list[t.PromptRequest],
                               params: t.SamplingParams) -> rollout_pb2.GenerateRequest:
     return rollout_pb2.GenerateRequest(
-        prompts=[rollout_pb2.PromptInput(request_id=p.request_id, prompt_ids=p.prompt_ids) for p in prompts],
+        prompts=[rollout_pb2.PromptInput(request_id=p.request_id, prompt_ids=p.prompt_ids,
+                                         row=row_to_proto(p.row) if p.row is not None else None)
+                 for p in prompts],
         params=sampling_to_proto(params))
 
 
 def prompts_from_proto(msg: rollout_pb2.GenerateRequest) -> list[t.PromptRequest]:
-    return [t.PromptRequest(request_id=p.request_id, prompt_ids=list(p.prompt_ids)) for p in msg.prompts]
+    return [t.PromptRequest(request_id=p.request_id, prompt_ids=list(p.prompt_ids),
+                            row=row_from_proto(p.row, p.request_id) if p.HasField("row") else None)
+            for p in msg.prompts]
+
+
+def turn_to_proto(r: t.TurnRecord) -> common_pb2.TurnRecord:
+    return common_pb2.TurnRecord(
+        generated_tokens=r.generated_tokens, observed_tokens=r.observed_tokens,
+        policy_version=r.policy_version, last_policy_version=r.last_policy_version, tool_calls=r.tool_calls,
+        tool_errors=r.tool_errors, env_latency_s=r.env_latency_s, text=r.text, observation=r.observation,
+        reward=r.reward, finish_reason=r.finish_reason)
+
+
+def turn_from_proto(msg: common_pb2.TurnRecord) -> t.TurnRecord:
+    return t.TurnRecord(
+        generated_tokens=msg.generated_tokens, observed_tokens=msg.observed_tokens,
+        policy_version=msg.policy_version, last_policy_version=msg.last_policy_version,
+        tool_calls=msg.tool_calls, tool_errors=msg.tool_errors, env_latency_s=msg.env_latency_s,
+        text=msg.text, observation=msg.observation, reward=msg.reward if msg.HasField("reward") else None,
+        finish_reason=msg.finish_reason)
 
 
 def completion_to_proto(c: t.Completion) -> common_pb2.Completion:
     return common_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
                                  policy_version=c.policy_version, text=c.text,
-                                 last_policy_version=max(c.last_policy_version, c.policy_version))
+                                 last_policy_version=max(c.last_policy_version, c.policy_version),
+                                 loss_mask=c.loss_mask or [], turns=[turn_to_proto(r) for r in c.turns],
+                                 env_reward=c.env_reward, env_failure=c.env_failure, env_error=c.env_error,
+                                 opening_tokens=c.opening_tokens)
 
 
 def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
     return t.Completion(token_ids=list(msg.token_ids), logprobs=list(msg.logprobs),
                         finish_reason=msg.finish_reason, policy_version=msg.policy_version, text=msg.text,
-                        last_policy_version=msg.last_policy_version)
+                        last_policy_version=msg.last_policy_version,
+                        loss_mask=list(msg.loss_mask) if msg.loss_mask else None,
+                        turns=tuple(turn_from_proto(r) for r in msg.turns),
+                        env_reward=msg.env_reward if msg.HasField("env_reward") else None,
+                        env_failure=msg.env_failure, env_error=msg.env_error,
+                        opening_tokens=msg.opening_tokens)
 
 
 def group_to_proto(g: t.GroupResult) -> rollout_pb2.GroupResult:
@@ -100,7 +153,8 @@ def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
         expected_version=b.expected_version if b.expected_version >= 0 else None,
         samples=[learner_pb2.TrainSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids,
                                          behaviour_logprobs=s.behaviour_logprobs, advantage=s.advantage,
-                                         generation_version=s.generation_version, reward=s.reward)
+                                         generation_version=s.generation_version, reward=s.reward,
+                                         loss_mask=s.loss_mask or [])
                  for s in b.samples])
 
 
@@ -110,7 +164,8 @@ def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
         expected_version=msg.expected_version if msg.HasField("expected_version") else -1,
         samples=[t.TrainSample(prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids),
                                behaviour_logprobs=list(s.behaviour_logprobs), advantage=s.advantage,
-                               generation_version=s.generation_version, reward=s.reward)
+                               generation_version=s.generation_version, reward=s.reward,
+                               loss_mask=list(s.loss_mask) if s.loss_mask else None)
                  for s in msg.samples])
 
 

@@ -19,7 +19,7 @@ class MicroBatch:
     input_ids_B_L: torch.Tensor
     attention_mask_B_L: torch.Tensor
     targets_B_T: torch.Tensor  # input_ids shifted left by one (T = L - 1)
-    response_mask_B_T: torch.Tensor  # 1 where the target is a response token
+    response_mask_B_T: torch.Tensor  # 1 where the target is a response token the model generated
     behaviour_logprobs_B_T: torch.Tensor
     advantages_B: torch.Tensor
     rewards_B: torch.Tensor
@@ -83,8 +83,10 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack:
         P, R = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, :P + R] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         attention[i, :P + R] = 1
-        # Response token j sits at position P + j and is predicted from position P + j - 1.
-        response_mask[i, P - 1:P - 1 + R] = 1.0
+        # Response token j sits at position P + j and is predicted from position P + j - 1. A multi-turn
+        # response's observation tokens (loss_mask 0) are context only: never trained on.
+        response_mask[i, P - 1:P - 1 + R] = (torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask
+                                             else 1.0)
         behaviour[i, P - 1:P - 1 + R] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)

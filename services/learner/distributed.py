@@ -123,11 +123,13 @@ def send_batch(world: LearnerWorld, batch: TrainBatch) -> None:
                            dtype=torch.int64)
     ids = torch.tensor([t for s in samples for t in (*s.prompt_ids, *s.response_ids)], dtype=torch.int64)
     logprobs = torch.tensor([x for s in samples for x in s.behaviour_logprobs], dtype=torch.float64)
+    masks = torch.tensor([m for s in samples for m in (s.loss_mask or [1] * len(s.response_ids))],
+                         dtype=torch.int64)
     floats = torch.tensor([batch.temperature] + [v for s in samples for v in (s.advantage, s.reward)],
                           dtype=torch.float64)
     send_command(world, Op.TRAIN, batch.step, batch.expected_version, len(samples), ids.numel(),
                  logprobs.numel())
-    for t in (lengths, ids, logprobs, floats):
+    for t in (lengths, ids, logprobs, masks, floats):
         _broadcast(t, world)
 
 
@@ -136,12 +138,14 @@ def receive_batch(world: LearnerWorld, args: list[int]) -> TrainBatch:
     lengths = _broadcast(torch.zeros((n, 3), dtype=torch.int64), world).tolist()
     ids = _broadcast(torch.zeros(n_ids, dtype=torch.int64), world).tolist()
     logprobs = _broadcast(torch.zeros(n_logprobs, dtype=torch.float64), world).tolist()
+    masks = _broadcast(torch.zeros(n_logprobs, dtype=torch.int64), world).tolist()  # one per response token
     floats = _broadcast(torch.zeros(1 + 2 * n, dtype=torch.float64), world).tolist()
     samples, at, at_lp = [], 0, 0
     for i, (p, r, generation_version) in enumerate(lengths):
         samples.append(TrainSample(prompt_ids=ids[at:at + p], response_ids=ids[at + p:at + p + r],
                                    behaviour_logprobs=logprobs[at_lp:at_lp + r], advantage=floats[1 + 2 * i],
-                                   generation_version=generation_version, reward=floats[2 + 2 * i]))
+                                   generation_version=generation_version, reward=floats[2 + 2 * i],
+                                   loss_mask=masks[at_lp:at_lp + r]))
         at, at_lp = at + p + r, at_lp + r
     return TrainBatch(step=step, samples=samples, temperature=floats[0], expected_version=expected_version)
 

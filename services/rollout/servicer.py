@@ -11,6 +11,7 @@ from rlfleet.rpc import convert, validate
 from rlfleet.rpc.errors import rpc_method
 from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
+from services.rollout.agent_loop import AgentLoop
 from services.rollout.engine import RolloutEngine
 
 _MAX_PENDING_JOINS = 4
@@ -28,14 +29,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
+        self.agent: AgentLoop | None = None  # multi-turn episodes against an environment server (env.*)
         self.last_error = ""
         self.weight_ops = Exclusive("rollout")  # one pull at a time, the others refused at once
         # Joins run alongside pulls (see JoinWeightGroup); a few at once, so a flood of joins to
         # silent stores cannot take the server's threads.
         self._joins = threading.BoundedSemaphore(_MAX_PENDING_JOINS)
 
-    def attach(self, engine: RolloutEngine) -> None:
-        self.engine = engine
+    def attach(self, engine: RolloutEngine, agent: AgentLoop | None = None) -> None:
+        self.engine, self.agent = engine, agent
         self.metrics.policy_version.labels(self.role).set(engine.policy_version)
 
     def _ready(self) -> RolloutEngine:
@@ -49,8 +51,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         validate.generate(request, self.limits)
         params = convert.sampling_from_proto(request.params)
         prompts = convert.prompts_from_proto(request)
+        episodes = self.agent is not None and any(p.row is not None for p in prompts)
+        generate = self.agent.generate if episodes else engine.generate
         with self.metrics.queued(len(prompts)) as queue:
-            for group in engine.generate(prompts, params):
+            for group in generate(prompts, params):
                 queue.done()
                 self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
                 yield convert.group_to_proto(group)

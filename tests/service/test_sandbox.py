@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.reward.fns import code as code_reward
-from services.reward.sandbox import SandboxLimits, isolation, run_python
+from rlfleet.sandbox.runner import SandboxLimits, isolation, run_python
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 

@@ -28,9 +28,13 @@ def batch(step: int) -> TrainBatch:
     rows = [([3, 4, 5], [6, 7, 8], 1.0, 1.0), ([3, 4, 5], [9, 10], 0.0, -1.0),
             ([11, 12], [13, 14, 15, 16], 0.5, 1.0), ([11, 12], [17], 0.0, -1.0),
             ([20, 21, 22, 23], [24, 25], 1.0, 0.7), ([20, 21, 22, 23], [26, 27, 28], 0.2, -0.7)]
+    # Multi-turn responses with observation tokens masked out of the loss, on both ranks' micro-batches
+    # (rank 1 trains the 2nd and the 5th: the masks must reach it through send_batch/receive_batch).
+    masks = [[1, 0, 1], [1, 0], [1, 0, 0, 1], None, [0, 1], [1, 0, 1]]
     samples = [TrainSample(prompt_ids=p, response_ids=r,
                            behaviour_logprobs=[-3.0 - 0.1 * j for j in range(len(r))],
-                           advantage=a, generation_version=step - 1, reward=rew) for p, r, rew, a in rows]
+                           advantage=a, generation_version=step - 1, reward=rew, loss_mask=mask)
+               for (p, r, rew, a), mask in zip(rows, masks)]
     return TrainBatch(step=step, samples=samples, temperature=0.9, expected_version=step - 1)
 
 

@@ -8,7 +8,9 @@ import inspect
 import pytest
 
 from controller.status_servicer import ControllerServicer
-from rlfleet.proto.v1 import controller_pb2_grpc, learner_pb2_grpc, reward_pb2_grpc, rollout_pb2_grpc
+from environments.servicer import EnvironmentServicer
+from rlfleet.proto.v1 import (controller_pb2_grpc, environment_pb2_grpc, learner_pb2_grpc, reward_pb2_grpc,
+                              rollout_pb2_grpc)
 from services.learner.servicer import LearnerServicer
 from services.reward.servicer import RewardServicer
 from services.rollout.servicer import RolloutServicer
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.unit
     (RewardServicer, reward_pb2_grpc.RewardServicer),
     (LearnerServicer, learner_pb2_grpc.LearnerServicer),
     (ControllerServicer, controller_pb2_grpc.ControllerServicer),
+    (EnvironmentServicer, environment_pb2_grpc.EnvironmentServicer),
 ])
 def test_every_rpc_is_implemented(ours, generated):
     rpcs = [name for name, _ in inspect.getmembers(generated, inspect.isfunction) if not name.startswith("_")]

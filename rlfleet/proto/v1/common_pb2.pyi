@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -25,20 +25,58 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version", "loss_mask", "turns", "env_reward", "env_failure", "env_error", "opening_tokens")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LAST_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    ENV_REWARD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERROR_FIELD_NUMBER: _ClassVar[int]
+    OPENING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: str
     policy_version: int
     text: str
     last_policy_version: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    turns: _containers.RepeatedCompositeFieldContainer[TurnRecord]
+    env_reward: float
+    env_failure: str
+    env_error: str
+    opening_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., env_reward: _Optional[float] = ..., env_failure: _Optional[str] = ..., env_error: _Optional[str] = ..., opening_tokens: _Optional[int] = ...) -> None: ...
+
+class TurnRecord(_message.Message):
+    __slots__ = ("generated_tokens", "observed_tokens", "policy_version", "last_policy_version", "tool_calls", "tool_errors", "env_latency_s", "text", "observation", "reward", "finish_reason")
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ENV_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    generated_tokens: int
+    observed_tokens: int
+    policy_version: int
+    last_policy_version: int
+    tool_calls: int
+    tool_errors: int
+    env_latency_s: float
+    text: str
+    observation: str
+    reward: float
+    finish_reason: str
+    def __init__(self, generated_tokens: _Optional[int] = ..., observed_tokens: _Optional[int] = ..., policy_version: _Optional[int] = ..., last_policy_version: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., env_latency_s: _Optional[float] = ..., text: _Optional[str] = ..., observation: _Optional[str] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

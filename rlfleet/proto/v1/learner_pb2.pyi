@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TrainSample(_message.Message):
-    __slots__ = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage", "generation_version", "reward")
+    __slots__ = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage", "generation_version", "reward", "loss_mask")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_VERSION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     behaviour_logprobs: _containers.RepeatedScalarFieldContainer[float]
     advantage: float
     generation_version: int
     reward: float
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., generation_version: _Optional[int] = ..., reward: _Optional[float] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., generation_version: _Optional[int] = ..., reward: _Optional[float] = ..., loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
     __slots__ = ("step", "samples", "temperature", "expected_version")

@@ -8,12 +8,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PromptInput(_message.Message):
-    __slots__ = ("request_id", "prompt_ids")
+    __slots__ = ("request_id", "prompt_ids", "row")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    row: DataRow
+    def __init__(self, request_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., row: _Optional[_Union[DataRow, _Mapping]] = ...) -> None: ...
+
+class DataRow(_message.Message):
+    __slots__ = ("data_source", "prompt", "ground_truth", "extra_info_json")
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    GROUND_TRUTH_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    data_source: str
+    prompt: str
+    ground_truth: str
+    extra_info_json: str
+    def __init__(self, data_source: _Optional[str] = ..., prompt: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompts", "params")

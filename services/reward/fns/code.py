@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from services.reward.sandbox import SandboxLimits, SandboxResult, run_python
+from rlfleet.sandbox import SandboxLimits, SandboxResult, run_python
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

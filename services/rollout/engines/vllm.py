@@ -66,6 +66,9 @@ class VLLMEngine(RolloutEngine):
 
         self.engine = self._run(create())
         self.max_model_len = self.engine.model_config.max_model_len
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)  # the agent loop renders observations
         self.vocab_size = self.engine.model_config.get_vocab_size()
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:

@@ -1,6 +1,6 @@
 """The sandboxed child: confine this fresh interpreter, then run `solution.py`.
 
-Started by `services.reward.sandbox` as `python -I sandbox_child.py CONFIG` in a
+Started by `rlfleet.sandbox.runner` as `python -I sandbox_child.py CONFIG` in a
 new session whose cwd is a fresh temporary directory. It reads only the standard
 library, so it runs under any interpreter. In order, it:
 

@@ -1,0 +1,87 @@
+"""Whether the environment can be reached: the controller's environment outage, a small state machine
+like the reward outage (controller/reward_outage.py).
+
+    RUNNING --an episode failed 'unavailable'--> OUTAGE(since, cause); a probe thread starts
+    OUTAGE  --the environment's health says SERVING--> RUNNING
+    OUTAGE  --env.max_outage_s passed-------------> `expired()` names the cause (the run stops)
+
+Episodes that failed so are left out (their groups are dropped and generated again later, their
+admission slots given back); during the outage no new prompts are admitted. One warning when an
+outage begins and one when it ends.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+from rlfleet.errors import RlfleetError
+
+log = structlog.get_logger(__name__)
+
+RUNNING, OUTAGE = "running", "outage"
+
+
+class EnvOutageExpired(RlfleetError, ConnectionError):
+    """The environment could not be reached for longer than env.max_outage_s."""
+
+
+class EnvOutage:
+    def __init__(self, max_outage_s: float, probe: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic,
+                 probe_every_s: float = 1.0, on_change: Callable[[str, dict], None] | None = None):
+        """`probe()`: True when the environment answers (its health says SERVING)."""
+        self.max_outage_s, self.probe, self.clock = max_outage_s, probe, clock
+        self.probe_every_s, self.on_change = probe_every_s, on_change
+        self._lock = threading.Lock()
+        self.state, self.since, self.cause, self.outages = RUNNING, 0.0, "", 0
+        self._stop = threading.Event()
+
+    def blocked(self) -> bool:
+        return self.state == OUTAGE
+
+    def failed(self, cause: str) -> None:
+        with self._lock:
+            self.cause = cause
+            if self.state == OUTAGE:
+                return
+            self.state, self.since = OUTAGE, self.clock()
+            self.outages += 1
+        log.warning(f"environment outage: {cause}; admission paused; the run stops if this lasts "
+                    f"env.max_outage_s={self.max_outage_s:g}s")
+        self._tell(OUTAGE, cause=cause[:300])
+        threading.Thread(target=self._probe_until_back, name="env-probe", daemon=True).start()
+
+    def _probe_until_back(self) -> None:
+        while not self._stop.wait(self.probe_every_s):
+            if self.state != OUTAGE:
+                return
+            if self.probe():
+                self.recovered()
+                return
+
+    def recovered(self) -> None:
+        with self._lock:
+            if self.state == RUNNING:
+                return
+            self.state = RUNNING
+            lasted = self.clock() - self.since
+        log.warning(f"environment outage over after {lasted:.1f}s; admission resumes")
+        self._tell(RUNNING, outage_s=round(lasted, 3))
+
+    def expired(self) -> EnvOutageExpired | None:
+        """The error that stops the run, once the outage is older than env.max_outage_s."""
+        with self._lock:
+            if self.state == OUTAGE and self.clock() - self.since > self.max_outage_s:
+                return EnvOutageExpired(f"no environment for {self.clock() - self.since:.0f}s "
+                                        f"(env.max_outage_s={self.max_outage_s:g}): {self.cause}")
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _tell(self, state: str, **fields) -> None:
+        if self.on_change is not None:
+            self.on_change(state, fields)

@@ -1,0 +1,37 @@
+"""Built-in environments by name; `pkg.module:Class` loads any other."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rlfleet.env.base import Environment
+from rlfleet.errors import ConfigError
+
+BUILTIN = {
+    "calculator": "environments.calculator:Calculator",
+    "python": "environments.python_tool:PythonTool",
+    "digits_game": "environments.digits_game:DigitsGame",
+}
+
+
+def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environment:
+    """An Environment instance from a built-in name or `pkg.module:Class` (constructed with `params`)."""
+    path = BUILTIN.get(spec, spec)
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"environment {spec!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) "
+                          "nor pkg.module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"environment {spec!r}: cannot import {module_name} ({exc})") from None
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise ConfigError(f"environment {spec!r}: {module_name} has no {attr}")
+    try:
+        env = cls(**(params or {})) if isinstance(cls, type) else cls
+    except TypeError as exc:
+        raise ConfigError(f"environment {spec!r}: bad parameters {sorted(params or {})}: {exc}") from None
+    if not isinstance(env, Environment):
+        raise ConfigError(f"environment {spec!r} is a {type(env).__name__}, not an rlfleet.env.Environment")
+    return env

@@ -1,0 +1,139 @@
+"""Serve an environment: a few lines of Python become an rlfleet environment server.
+
+    from rlfleet.app.env_sdk import Environment, Message, Step, serve
+
+    class Guess(Environment):
+        name = "guess"
+
+        def start(self, row):
+            return {"answer": row.ground_truth, "tries": 0}
+
+        def step(self, state, action):
+            state["tries"] += 1
+            if action.text.strip() == state["answer"]:
+                return Step(reward=1.0, done=True)
+            return Step(observation=[Message("user", "No. Try again.")], done=state["tries"] >= 3,
+                        reward=0.0 if state["tries"] >= 3 else None)
+
+    serve(Guess(), port=50061)            # blocks until SIGTERM / Ctrl-C
+
+The server implements `rlfleet.v1.Environment` (docs/environments.md) with the contract's rules
+built in: one result per episode in order, episode states kept by id, an exception in `start` or
+`step` failing that episode alone (ok=false, naming it), ids checked, the caller's deadline kept.
+It also serves `grpc.health.v1` (SERVING once started) and server reflection.
+
+From a shell: `rlfleet env serve NAME|pkg.module:Class --port 50061` (built-ins: calculator,
+python, digits_game).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlfleet.env.base import Environment, Step
+from rlfleet.env.types import Action, EpisodeRow, Message, Observation, ToolCall, ToolSpec
+
+__all__ = ["Action", "EnvServer", "Environment", "EpisodeRow", "Message", "Observation", "Step", "ToolCall",
+           "ToolSpec", "serve"]
+
+
+class EnvServer:
+    """A running environment server; `address` is host:port as bound (port 0 picks a free one)."""
+
+    def __init__(self, env: Environment | str, host: str, port: int, params: dict[str, Any] | None,
+                 max_workers: int, security=None):
+        from environments.registry import load_environment
+        from environments.servicer import SERVICE_NAME, EnvironmentServicer
+        from rlfleet.proto.v1 import environment_pb2_grpc
+        from rlfleet.rpc.server import ServiceServer
+
+        env = load_environment(env, params) if isinstance(env, str) else env
+        self.servicer = EnvironmentServicer(env, workers=max_workers)
+        self._server = ServiceServer([SERVICE_NAME], host, port, max_workers=max_workers, security=security)
+        self._server.add(environment_pb2_grpc.add_EnvironmentServicer_to_server, self.servicer)
+        self._server.start()
+        self._server.mark_serving()
+
+    @property
+    def address(self) -> str:
+        return self._server.address
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self._server.stop(grace_s)
+        self.servicer.close()
+
+    def wait(self) -> None:
+        self._server.wait()
+
+    def __enter__(self) -> EnvServer:  # noqa: PYI034 - the class is not meant to be subclassed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace_s=1.0)
+
+
+def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
+          params: dict[str, Any] | None = None, max_workers: int = 8, block: bool = True,
+          announce: Path | None = None, security=None) -> EnvServer:
+    """Serves `env` (an Environment, a built-in name or 'pkg.module:Class').
+
+    `block=True` (the default) serves until SIGTERM or Ctrl-C; `block=False` returns the running server
+    at once (`server.address`, `server.stop()`). `announce`: a file the address is written to (JSON)."""
+    server = EnvServer(env, host, port, params, max_workers, security)
+    if announce is not None:
+        tmp = announce.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"address": server.address, "role": "env", "pid": os.getpid()}))
+        tmp.replace(announce)
+    if block:
+        from rlfleet.rpc.service_main import PARENT_PID_ENV, stop_when_parent_exits
+
+        if os.environ.get(PARENT_PID_ENV):  # started by `rlfleet run`: no orphan if it is killed
+            stop_when_parent_exits(server._server, int(os.environ[PARENT_PID_ENV]))
+        server._server.install_signal_handlers()
+        print(f"rlfleet environment server: serving on {server.address}", flush=True)
+        server.wait()
+        server.servicer.close()
+    return server
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="rlfleet env serve")
+    parser.add_argument("environment", help="a built-in environment (calculator, python, digits_game) or "
+                        "pkg.module:Class")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="keyword argument of the environment's constructor (value parsed as YAML); "
+                        "repeatable")
+    parser.add_argument("--announce", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_params(raw: list[str]) -> dict[str, Any]:
+    from rlfleet.errors import ConfigError
+
+    params = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} is not KEY=VALUE")
+        params[key] = yaml.safe_load(value)
+    return params
+
+
+def serve_from_args(args: argparse.Namespace) -> None:
+    from rlfleet.logging import setup_logging
+
+    setup_logging("env", "info", None)
+    serve(args.environment, port=args.port, host=args.host, params=parse_params(args.param),
+          announce=args.announce)
+
+
+if __name__ == "__main__":
+    serve_from_args(build_parser().parse_args(sys.argv[1:]))

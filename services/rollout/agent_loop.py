@@ -1,0 +1,170 @@
+"""The agent loop: multi-turn episodes against an environment server.
+
+For every prompt of a Generate request, `n` episodes start from its data row. Then, turn after
+turn, for all episodes still running at once:
+
+    generate one turn (the engine, batched) -> parse its tool calls -> send the turns to the
+    environment (one batched Step) -> append each observation through the chat template -> ...
+
+until the environment says done, `max_turns` turns were taken, or the episode's token budget
+(`max_episode_tokens`, and the model's context) has no room for another observation and turn;
+an episode stopped before done is ended (End), which may still give it a reward. A group is
+yielded as soon as all its episodes are over. An environment that fails an episode (down, slow,
+a bad reply) fails that episode alone, with the cause (rlfleet.env.types.FAILURE_CAUSES); the
+controller leaves it out of training and counts it.
+
+Every turn keeps the versions of the weights that generated it; the episode's `policy_version` is
+the oldest of them, so the staleness bound holds for its oldest token even when new weights
+arrive between turns.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import replace
+
+import structlog
+
+from rlfleet.env.chat import ObservationRenderer
+from rlfleet.env.episode import DONE, MAX_TURNS, TOKEN_BUDGET, Episode
+from rlfleet.env.toolcalls import parse_tool_calls
+from rlfleet.env.types import Action, EpisodeRow, StepResult
+from rlfleet.config import EnvConfig, RolloutConfig
+from rlfleet.errors import ConfigError, InvalidRequest
+from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams
+from services.rollout.engine import RolloutEngine
+from services.rollout.env_client import EnvClient
+
+log = structlog.get_logger(__name__)
+
+
+class AgentLoop:
+    def __init__(self, engine: RolloutEngine, env: EnvClient, tokenizer, max_turns: int,
+                 max_episode_tokens: int | None, max_context: int):
+        self.engine, self.env = engine, env
+        self.renderer = ObservationRenderer(tokenizer)
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.max_episode_tokens = max_episode_tokens
+        self.max_context = max_context
+        self.eos_ids = set(getattr(engine, "eos_ids", None) or [tokenizer.eos_token_id])
+
+    def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
+        episodes: dict[str, list[Episode]] = {}
+        for p in prompts:
+            if p.row is None:
+                raise InvalidRequest(f"prompt {p.request_id!r} has no data row: with an environment every "
+                                     "sample is an episode started from one")
+            budget = self.max_context - len(p.prompt_ids)
+            if self.max_episode_tokens is not None:
+                budget = min(budget, self.max_episode_tokens)
+            if budget < 1:
+                raise InvalidRequest(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens leave no room "
+                                     f"for a response in the model's context of {self.max_context}")
+            episodes[p.request_id] = [Episode(f"{p.request_id}/{i}", list(p.prompt_ids), budget)
+                                      for i in range(params.n)]
+        rows = {p.request_id: p.row for p in prompts}
+        everyone = [e for group in episodes.values() for e in group]
+        self._start(everyone, rows)
+        done_groups: set[str] = set()
+        turn = 0
+        while True:
+            yield from self._finished_groups(episodes, done_groups)
+            running = [e for e in everyone if not e.finished]
+            if not running:
+                return
+            turn += 1
+            self._generate_turn(running, params, turn)
+            self._step(running, turn)
+
+    # ---- one phase each -----------------------------------------------------------------------
+    def _start(self, episodes: list[Episode], rows: dict[str, DataRow]) -> None:
+        starts = []
+        for e in episodes:
+            row = rows[e.episode_id.rsplit("/", 1)[0]]
+            starts.append(EpisodeRow(episode_id=e.episode_id, data_source=row.data_source, prompt=row.prompt,
+                                     ground_truth=row.ground_truth, extra_info=row.extra_info))
+        results, _ = self.env.start(starts)
+        for e, result in zip(episodes, results):
+            if not result.ok:
+                e.fail(result.failure, result.error)
+            elif result.done:  # nothing to do in this episode: it has no turn, so nothing to train on
+                e.fail("episode_error", f"episode {e.episode_id}: the environment ended it at Start")
+            elif not result.observation.empty:
+                self._observe(e, result, turn_ended_with_eos=True)
+
+    def _generate_turn(self, running: list[Episode], params: SamplingParams, turn: int) -> None:
+        by_room: dict[int, list[Episode]] = defaultdict(list)
+        for e in running:
+            by_room[min(params.max_new_tokens, e.room)].append(e)
+        for max_new, members in by_room.items():
+            turn_params = replace(params, n=1, max_new_tokens=max_new,
+                                  seed=None if params.seed is None else params.seed + 7919 * turn)
+            requests = [PromptRequest(e.episode_id, e.context_ids) for e in members]
+            by_id = {e.episode_id: e for e in members}
+            for group in self.engine.generate(requests, turn_params):
+                c = group.completions[0]
+                text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+                by_id[group.request_id].add_turn(
+                    c.token_ids, c.logprobs, c.policy_version, c.last_policy_version, text, c.finish_reason,
+                    tool_calls=len(parse_tool_calls(text)))
+
+    def _step(self, running: list[Episode], turn: int) -> None:
+        actions = [Action(episode_id=e.episode_id, text=e.turns[-1].text,
+                          tool_calls=parse_tool_calls(e.turns[-1].text), turn=turn,
+                          truncated=e.turns[-1].finish_reason == "length") for e in running]
+        results, latency_s = self.env.step(actions)
+        to_end: dict[str, list[Episode]] = defaultdict(list)
+        for e, result in zip(running, results):
+            if not result.ok:
+                e.fail(result.failure, result.error)
+                continue
+            e.record_answer(result, latency_s)
+            if result.done:  # a final answer cut at the token limit is one cut at the budget, as in one turn
+                e.finish(DONE if e.turns[-1].finish_reason == "stop" else TOKEN_BUDGET)
+            elif turn >= self.max_turns:
+                to_end[MAX_TURNS].append(e)
+            elif not self._observe(e, result, turn_ended_with_eos=e.token_ids[-1] in self.eos_ids):
+                to_end[TOKEN_BUDGET].append(e)
+        for reason, members in to_end.items():
+            self._end(members, reason)
+
+    def _observe(self, e: Episode, result: StepResult, turn_ended_with_eos: bool) -> bool:
+        """Appends the observation if it leaves room for a turn; False (nothing appended) if not."""
+        text = self.renderer.text(result.observation, turn_ended_with_eos)
+        ids = self.renderer.ids(text)
+        if len(ids) >= e.room:
+            return False
+        e.add_observation(ids, text)
+        return True
+
+    def _end(self, members: list[Episode], reason: str) -> None:
+        results, latency_s = self.env.end([e.episode_id for e in members], reason)
+        for e, result in zip(members, results):
+            if not result.ok:
+                e.fail(result.failure, result.error)
+                continue
+            if result.reward is not None:
+                e.env_reward = result.reward
+            e.finish(reason)
+
+    @staticmethod
+    def _finished_groups(episodes: dict[str, list[Episode]], done: set[str]) -> Iterator[GroupResult]:
+        for request_id, group in episodes.items():
+            if request_id not in done and all(e.finished for e in group):
+                done.add(request_id)
+                yield GroupResult(request_id=request_id, completions=[e.completion() for e in group])
+
+
+def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig) -> AgentLoop:
+    """The agent loop over `engine` against the environment server at env.address."""
+    if not env.address:
+        raise ConfigError(f"env.name={env.name!r} is served by `rlfleet run`; a rollout started on its own "
+                          "needs env.address (serve it with `rlfleet env serve NAME --port P`)")
+    tokenizer = getattr(engine, "tokenizer", None)
+    max_context = getattr(engine, "max_seq_len", None) or getattr(engine, "max_model_len", None)
+    if tokenizer is None or max_context is None:
+        raise ConfigError(f"rollout.backend={rollout.backend} exposes no tokenizer or context length: it "
+                          "cannot run multi-turn episodes (env.*)")
+    client = EnvClient(env.address, env.timeout_s, env.batch_size, env.max_concurrency)
+    return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context)
