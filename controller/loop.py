@@ -27,7 +27,7 @@ from rlfleet.errors import RlfleetError
 from rlfleet.types import DataRow, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.env_outage import EnvOutage
-from controller.episodes import env_metrics, env_unavailable, score_group, turn_records
+from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
 from controller.generation import GenerationSide, ScoredGroupInput
