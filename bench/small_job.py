@@ -1,0 +1,295 @@
+"""A small job, rlfleet against TRL: samples/s, time to the first step and memory of every process.
+
+The embedded default's job (the built-in tiny model and digits_reverse task, rlfleet's default
+settings) at 32 prompts x 8 samples per step, run by `rlfleet run` synchronous
+(`controller.max_staleness=0`), `rlfleet run` asynchronous (the default staleness) and TRL 1.16's
+`GRPOTrainer` with the same settings (bench/e2e_trl.py's child: lr, betas, grad clip, no KL,
+token-mean loss, clip 0.2, temperature 1, max new tokens), in paired rounds: each round runs the
+three arms back to back, so a ratio compares runs made under the same load of a shared machine.
+
+Per arm and round:
+- samples/s from the end of step --warmup-steps to the end of the last step (each run's own step
+  stamps: rlfleet's metrics.jsonl lines as they appear, a TRL callback), and its ratio to the same
+  round's TRL;
+- time to the first step: from starting the process (`rlfleet run` / the TRL script) to the end
+  of step 1, start-up of every service included;
+- memory: the largest RSS summed over the process tree seen (sampled every 0.5 s), with the PSS
+  sum at that moment and the per-process split (bench/proc_memory.py).
+
+  python bench/small_job.py                               # CPU, built-in model, 3 rounds
+  python bench/small_job.py --model PATH --data F.parquet --device cuda --max-new-tokens 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.e2e_rlfleet import _record, _stop  # noqa: E402 - after the sys.path insert above
+from bench.proc_memory import MemoryPeak, TreeMemory  # noqa: E402
+
+ARMS = ("sync", "async", "trl")
+
+
+@dataclass
+class ArmRun:
+    arm: str
+    round: int
+    steps: list[tuple[int, float, int]] = field(default_factory=list)  # (step, t since start, samples)
+    memory: MemoryPeak = field(default_factory=MemoryPeak)
+    extra: dict = field(default_factory=dict)  # rlfleet's median timings per step
+    error: str = ""
+
+    def first_step_s(self) -> float | None:
+        return next((t for s, t, _ in self.steps if s == 1), None)
+
+    def samples_per_s(self, warmup: int) -> float | None:
+        base = [t for s, t, _ in self.steps if s == warmup]
+        done = [(t, n) for s, t, n in self.steps if s > warmup]
+        if not base or not done:
+            return None
+        return sum(n for _, n in done) / (done[-1][0] - base[0])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="builtin:tiny", help="model.path: builtin:tiny or an HF model folder")
+    p.add_argument("--data", default=None, help="training Parquet (verl schema); default: the built-in task")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: one GPU shared by rollout and learner (and TRL on it alone)")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of sync,async,trl")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompts-per-step", type=int, default=32)
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n / num_generations)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: rlfleet's default")
+    p.add_argument("--lr", type=float, default=None, help="default: rlfleet's learner.lr")
+    p.add_argument("--steps", type=int, default=6, help="measured steps")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--micro-batch-seqs", type=int, default=64, help="TRL's per-device batch (rlfleet keeps "
+                   "its learner.micro_batch_tokens)")
+    p.add_argument("--work-dir", default="/tmp/rlfleet-small-job")
+    p.add_argument("--arm-timeout-s", type=float, default=300.0)
+    p.add_argument("--rlfleet-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra rlfleet config override for both rlfleet arms (repeatable)")
+    p.add_argument("--out", help="also write every run as JSON here")
+    args = p.parse_args(argv)
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if bad := set(args.arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(bad)}")
+    if args.warmup_steps < 1:
+        p.error("--warmup-steps must be >= 1: the measurement starts at the end of a step")
+    return args
+
+
+def job_settings(args) -> dict:
+    """rlfleet's defaults for what the command line leaves unset, so TRL runs the same job."""
+    from rlfleet.config import JobConfig
+
+    cfg = JobConfig()
+    return {"lr": args.lr if args.lr is not None else cfg.learner.lr,
+            "max_new_tokens": args.max_new_tokens or cfg.rollout.max_new_tokens}
+
+
+def rlfleet_overrides(args, job: dict, name: str, staleness: int | None) -> list[str]:
+    out = [f"run.name={name}", f"run.output_dir={args.work_dir}/runs", "run.max_restarts=0",
+           f"model.path={args.model}",
+           f"rollout.n={args.n}", f"rollout.max_new_tokens={job['max_new_tokens']}",
+           f"learner.lr={job['lr']}", f"controller.prompts_per_step={args.prompts_per_step}",
+           f"controller.max_steps={args.warmup_steps + args.steps}",
+           "tracking.tensorboard=false"]
+    if args.data:
+        out.append(f"data.train_files=[{args.data}]")
+    if staleness is not None:
+        out.append(f"controller.max_staleness={staleness}")
+    if args.device == "cuda":
+        out += ["rollout.device=cuda:0", "learner.device=cuda:0"]
+    return out + list(args.rlfleet_override)
+
+
+def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
+    name = f"{arm}-r{rnd}"
+    run_dir = Path(args.work_dir) / "runs" / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    staleness = 0 if arm == "sync" else None  # async: rlfleet's default max_staleness
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", *rlfleet_overrides(args, job, name, staleness)]
+    log_path = Path(args.work_dir) / f"{name}.log"
+    result = ArmRun(arm, rnd)
+    metrics_path = run_dir / "metrics.jsonl"
+    lines: list[dict] = []
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        memory = TreeMemory(proc.pid)
+        offset, buf = 0, ""
+        try:
+            while True:
+                now = time.perf_counter() - t0
+                if metrics_path.exists():
+                    with open(metrics_path) as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                        offset = f.tell()
+                    buf += chunk
+                    *texts, buf = buf.split("\n")
+                    for text in filter(str.strip, texts):
+                        line = json.loads(text)
+                        if "timing/step_s" in line:
+                            record = _record(line, now)
+                            result.steps.append((record.step, now, record.samples))
+                            lines.append(line)
+                if proc.poll() is not None:
+                    break
+                if now > args.arm_timeout_s:
+                    result.error = f"timed out after {args.arm_timeout_s:.0f}s"
+                    break
+                time.sleep(0.02)
+        finally:
+            result.memory = memory.stop()
+            _stop(proc)
+    if proc.returncode not in (0, None) and not result.error:
+        result.error = f"exit {proc.returncode}; log {log_path}"
+    measured = [ln for ln in lines if ln["step"] > args.warmup_steps]
+    for key in ("timing/gen_s", "timing/reward_s", "timing/train_s", "timing/weight_sync_s", "timing/step_s"):
+        values = [float(ln[key]) for ln in measured if ln.get(key) is not None]
+        if values:
+            result.extra[key] = statistics.median(values)
+    return result
+
+
+def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: dict) -> ArmRun:
+    result = ArmRun("trl", rnd)
+    work = Path(args.work_dir)
+    steps_file = work / f"trl-r{rnd}.steps.jsonl"
+    steps_file.unlink(missing_ok=True)
+    cuda = args.device == "cuda"
+    t0 = time.time()
+    params = {"model_dir": str(model_dir), "rows_file": str(rows_file), "steps_file": str(steps_file),
+              "output_dir": str(work / "trl_out"), "cuda": cuda, "seed": 0, "n": args.n,
+              "prompts_per_step": args.prompts_per_step,
+              "micro_batch_seqs": min(args.micro_batch_seqs, args.prompts_per_step * args.n),
+              "max_new_tokens": job["max_new_tokens"], "lr": job["lr"],
+              "max_steps": args.warmup_steps + args.steps, "t0": t0}
+    params_file = work / f"trl-r{rnd}.json"
+    params_file.write_text(json.dumps(params))
+    child_env = dict(env, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                     HF_DATASETS_CACHE=str(work / "hf_datasets"), WANDB_DISABLED="true")
+    log_path = work / f"trl-r{rnd}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "e2e_trl.py"), str(params_file)],
+                                stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+        memory = TreeMemory(proc.pid)
+        try:
+            rc = proc.wait(args.arm_timeout_s)
+            if rc != 0:
+                result.error = f"exit {rc}; log {log_path}"
+        except subprocess.TimeoutExpired:
+            result.error = f"timed out after {args.arm_timeout_s:.0f}s"
+            proc.kill()
+            proc.wait()
+        finally:
+            result.memory = memory.stop()
+    if steps_file.exists():
+        for text in steps_file.read_text().splitlines():
+            d = json.loads(text)
+            result.steps.append((d["step"], d["t"] - t0, d["samples"]))
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summary_table(runs: list[ArmRun], warmup: int) -> str:
+    """Medians over rounds; ratios are per round (paired with that round's TRL run) then the median."""
+    trl = {r.round: r for r in runs if r.arm == "trl"}
+    head = ("arm", "samples/s", "vs TRL (paired)", "first step s", "vs TRL", "memory RSS MB", "PSS MB",
+            "per process (RSS MB)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in ARMS:
+        mine = [r for r in runs if r.arm == arm]
+        if not mine:
+            continue
+        sps = [r.samples_per_s(warmup) for r in mine]
+        ratio = [r.samples_per_s(warmup) / trl[r.round].samples_per_s(warmup) for r in mine
+                 if r.round in trl and r.samples_per_s(warmup) and trl[r.round].samples_per_s(warmup)]
+        first = [r.first_step_s() for r in mine]
+        first_ratio = [r.first_step_s() / trl[r.round].first_step_s() for r in mine
+                       if r.round in trl and r.first_step_s() and trl[r.round].first_step_s()]
+        rss = _median([r.memory.rss_mb for r in mine])
+        pss = _median([r.memory.pss_mb for r in mine])
+        labels = sorted({k for r in mine for k in r.memory.by_label_rss})
+        split = ", ".join(f"{k} {_median([r.memory.by_label_rss.get(k, 0.0) for r in mine]):.0f}"
+                          for k in labels)
+
+        def fmt(v, spec):
+            return format(v, spec) if v is not None else "-"
+        lines.append("| " + " | ".join([
+            arm, fmt(_median(sps), ".1f"),
+            (fmt(_median(ratio), ".2f") + "x " + "(" + ", ".join(f"{x:.2f}" for x in ratio) + ")") if ratio
+            else "-",
+            fmt(_median(first), ".1f"), fmt(_median(first_ratio), ".2f") + "x" if first_ratio else "-",
+            fmt(rss, ".0f"), fmt(pss, ".0f"), split]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    job = job_settings(args)
+
+    from rlfleet.models.resolve import resolve_model_path
+
+    model_dir = resolve_model_path(args.model)  # the tiny model is built (and cached) here, not timed
+    rows_file = Path(args.data) if args.data else work / "prompts.parquet"
+    if not args.data:
+        from rlfleet.config import JobConfig
+        from rlfleet.data import tasks
+
+        tasks.write_parquet(rows_file, JobConfig().data.builtin_size, 0)
+    print(f"small job: {args.model} ({model_dir}), {args.prompts_per_step} prompts x {args.n} samples per "
+          f"step, {job['max_new_tokens']} new tokens, lr {job['lr']}, {args.warmup_steps} warm-up + "
+          f"{args.steps} measured steps, {args.rounds} rounds, device {args.device}", flush=True)
+
+    runs: list[ArmRun] = []
+    for rnd in range(1, args.rounds + 1):
+        for arm in args.arms:
+            if arm == "trl":
+                run = run_trl(args, job, rnd, model_dir, rows_file, env)
+            else:
+                run = run_rlfleet(args, job, arm, rnd, env)
+            runs.append(run)
+            sps = run.samples_per_s(args.warmup_steps)
+            print(f"round {rnd} {arm:5s}: {len(run.steps)} steps, first step {run.first_step_s() or 0:.1f}s, "
+                  f"{sps or 0:.1f} samples/s, memory RSS {run.memory.rss_mb:.0f} MB / PSS "
+                  f"{run.memory.pss_mb:.0f} MB ("
+                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.memory.by_label_rss.items())) + ")"
+                  + ("; " + ", ".join(f"{k.split('/')[1]} {v * 1000:.0f}ms" for k, v in run.extra.items())
+                     if run.extra else "")
+                  + (f"; ERROR {run.error}" if run.error else ""), flush=True)
+
+    print(f"\nsmall job ({args.model}, {args.device}): medians over {args.rounds} rounds")
+    print(summary_table(runs, args.warmup_steps))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "job": job,
+                                              "runs": [asdict(r) for r in runs]}, indent=2, default=str))
+    return 1 if any(r.error for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
