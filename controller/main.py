@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from transformers import AutoTokenizer
 
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
+from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
@@ -61,7 +61,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
     cc = cfg.controller
     model_dir = resolve_model_path(cfg.model.path)
     max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_prompt_tokenizer(model_dir)  # no torch in the controller (rlfleet/models/prompt_tokenizer.py)
     files = train_files(cfg)
     prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
