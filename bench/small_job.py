@@ -40,6 +40,7 @@ from bench.e2e_rlfleet import _record, _stop  # noqa: E402 - after the sys.path 
 from bench.proc_memory import MemoryPeak, TreeMemory  # noqa: E402
 
 ARMS = ("sync", "async", "trl")
+BEFORE_ARMS = ("before-sync", "before-async")  # --baseline-repo: rlfleet of another checkout, same rounds
 
 
 @dataclass
@@ -82,11 +83,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arm-timeout-s", type=float, default=300.0)
     p.add_argument("--rlfleet-override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rlfleet config override for both rlfleet arms (repeatable)")
+    p.add_argument("--baseline-repo", default=None, help="a checkout of an earlier rlfleet: its sync and async "
+                   "runs join every round (arms before-sync, before-async), for a paired before/after")
     p.add_argument("--out", help="also write every run as JSON here")
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if bad := set(args.arms) - set(ARMS):
+    if bad := set(args.arms) - set(ARMS) - set(BEFORE_ARMS):
         p.error(f"unknown arms {sorted(bad)}")
+    if args.baseline_repo and not any(a.startswith("before-") for a in args.arms):
+        args.arms = [*BEFORE_ARMS, *args.arms]
     if args.warmup_steps < 1:
         p.error("--warmup-steps must be >= 1: the measurement starts at the end of a step")
     return args
@@ -121,7 +126,11 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
     name = f"{arm}-r{rnd}"
     run_dir = Path(args.work_dir) / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    staleness = 0 if arm == "sync" else None  # async: rlfleet's default max_staleness
+    staleness = 0 if arm.endswith("sync") and not arm.endswith("async") else None  # async: the default
+    repo = REPO
+    if arm.startswith("before-"):  # the earlier checkout's code, first on the path (`-m` puts the cwd first)
+        repo = Path(args.baseline_repo).resolve()
+        env = dict(env, PYTHONPATH=os.pathsep.join([str(repo), env["PYTHONPATH"]]))
     cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", *rlfleet_overrides(args, job, name, staleness)]
     log_path = Path(args.work_dir) / f"{name}.log"
     result = ArmRun(arm, rnd)
@@ -129,7 +138,8 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
     lines: list[dict] = []
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
+                                start_new_session=True)
         memory = TreeMemory(proc.pid)
         offset, buf = 0, ""
         try:
@@ -217,7 +227,7 @@ def summary_table(runs: list[ArmRun], warmup: int) -> str:
     head = ("arm", "samples/s", "vs TRL (paired)", "first step s", "vs TRL", "memory RSS MB", "PSS MB",
             "per process (RSS MB)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for arm in ARMS:
+    for arm in (*BEFORE_ARMS, *ARMS):
         mine = [r for r in runs if r.arm == arm]
         if not mine:
             continue
