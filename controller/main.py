@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,15 @@ def rollout_addresses(addresses: dict[str, str]) -> list[str]:
     return [addresses[n] for n in sorted(names, key=lambda n: 0 if n == "rollout" else int(n.split("-")[1]))]
 
 
-def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
-                   on_step: Callable[[dict[str, Any]], None] | None = None,
-                   alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
-    cc = cfg.controller
+@dataclass
+class ControllerData:
+    """What the controller reads before it talks to any service: prompts and evaluation set."""
+    source: PromptSource
+    evaluator: PeriodicEval | None
+
+
+def prepare_data(cfg: JobConfig) -> ControllerData:
+    """Renders and measures the prompts; needs no service, so `rlfleet run` does it while they start."""
     model_dir = resolve_model_path(cfg.model.path)
     max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
     tokenizer = load_prompt_tokenizer(model_dir)  # no torch in the controller (rlfleet/models/prompt_tokenizer.py)
@@ -69,8 +75,17 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
           + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens"
              if filtered else ""),
           flush=True)
-    source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
-    evaluator = PeriodicEval.from_config(cfg, tokenizer, max_prompt)
+    return ControllerData(PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed),
+                          PeriodicEval.from_config(cfg, tokenizer, max_prompt))
+
+
+def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
+                   on_step: Callable[[dict[str, Any]], None] | None = None,
+                   alive: Callable[[], bool] = lambda: True, data: ControllerData | None = None) -> dict[str, Any]:
+    """`data`: prepare_data(cfg) when done already (while the services started)."""
+    cc = cfg.controller
+    data = data if data is not None else prepare_data(cfg)
+    source, evaluator = data.source, data.evaluator
 
     loop_ref: list[GRPOLoop] = []
     security = Security.from_config(cfg.security, cfg.limits)  # of the status server and every client

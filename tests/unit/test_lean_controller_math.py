@@ -75,3 +75,24 @@ def test_a_folder_without_tokenizer_json_falls_back_to_transformers(tmp_path) ->
 
     (tmp_path / "tokenizer_config.json").write_text("{}")
     assert read_prompt_tokenizer(tmp_path) is None
+
+
+def test_generation_blocks_loop_controls_and_tojson_render_as_in_transformers(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
+    from rlfleet.models.tiny import ensure_tiny_model
+
+    full = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    full.chat_template = (
+        "{%- for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}\n"
+        "  {{ m['role'] }}: {{ m['content'] | tojson }}\n"
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    full.save_pretrained(tmp_path)
+    light = load_prompt_tokenizer(tmp_path)
+    messages = [{"role": "system", "content": "hidden"}, {"role": "user", "content": "a <b> & \"c\" é"},
+                {"role": "assistant", "content": "42"}, {"role": "user", "content": "again"}]
+    want = full.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert "hidden" not in want and "<b>" in want
+    assert light.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == want
