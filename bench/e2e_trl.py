@@ -2,9 +2,9 @@
 
 Runs as a child process (`python bench/e2e_trl.py PARAMS.json`) so its GPU memory and imports
 stay out of the other arms. A reward function equivalent to rlfleet's reward.fn=auto
-(the built-in function of each row's data_source, services/reward/registry.py) also counts the completion tokens TRL
-hands it; a callback stamps the end of every optimizer step and appends one JSON line per
-step to PARAMS["steps_file"].
+(the built-in function of each row's data_source, services/reward/registry.py) also counts the
+completion tokens TRL hands it; a callback stamps the end of every optimizer step and appends
+one JSON line per step to PARAMS["steps_file"].
 
 Matched to the rlfleet arms: same model folder and prompts, num_generations = rollout.n,
 prompts per optimizer step, max_completion_length = max_new_tokens, temperature 1 / top_p 1 /

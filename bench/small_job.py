@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arm-timeout-s", type=float, default=300.0)
     p.add_argument("--rlfleet-override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rlfleet config override for both rlfleet arms (repeatable)")
-    p.add_argument("--baseline-repo", default=None, help="a checkout of an earlier rlfleet: its sync and async "
-                   "runs join every round (arms before-sync, before-async), for a paired before/after")
+    p.add_argument("--baseline-repo", default=None, help="a checkout of an earlier rlfleet: its sync and "
+                   "async runs join every round (arms before-sync, before-async), for a paired before/after")
     p.add_argument("--out", help="also write every run as JSON here")
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]

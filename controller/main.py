@@ -67,7 +67,7 @@ def prepare_data(cfg: JobConfig) -> ControllerData:
     """Renders and measures the prompts; needs no service, so `rlfleet run` does it while they start."""
     model_dir = resolve_model_path(cfg.model.path)
     max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
-    tokenizer = load_prompt_tokenizer(model_dir)  # no torch in the controller (rlfleet/models/prompt_tokenizer.py)
+    tokenizer = load_prompt_tokenizer(model_dir)  # no torch here (rlfleet/models/prompt_tokenizer.py)
     files = train_files(cfg)
     prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
@@ -81,7 +81,8 @@ def prepare_data(cfg: JobConfig) -> ControllerData:
 
 def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
                    on_step: Callable[[dict[str, Any]], None] | None = None,
-                   alive: Callable[[], bool] = lambda: True, data: ControllerData | None = None) -> dict[str, Any]:
+                   alive: Callable[[], bool] = lambda: True,
+                   data: ControllerData | None = None) -> dict[str, Any]:
     """`data`: prepare_data(cfg) when done already (while the services started)."""
     cc = cfg.controller
     data = data if data is not None else prepare_data(cfg)

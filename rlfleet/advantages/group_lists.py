@@ -22,7 +22,8 @@ def _no_signal(rewards: list[float]) -> bool:
     return len(rewards) <= 1 or all(r == rewards[0] for r in rewards)
 
 
-def group_advantages(rewards_G: Sequence[float], normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
+def group_advantages(rewards_G: Sequence[float], normalize_std: bool = True,
+                     eps: float = 1e-6) -> list[float]:
     """``(r - mean) / (std + eps)`` (unbiased std), or ``r - mean`` when ``normalize_std`` is False."""
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")

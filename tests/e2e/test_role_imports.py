@@ -39,8 +39,8 @@ SERVICE = textwrap.dedent("""
 
     threading.Thread(target=report_when_serving, daemon=True).start()
     from rlfleet.app.cli import main
-    main(["serve", role, f"run.output_dir={os.path.dirname(run_dir)}", f"run.name={os.path.basename(run_dir)}",
-          *sys.argv[4:]])
+    main(["serve", role, f"run.output_dir={os.path.dirname(run_dir)}",
+          f"run.name={os.path.basename(run_dir)}", *sys.argv[4:]])
 """)
 
 CONTROLLER = textwrap.dedent("""

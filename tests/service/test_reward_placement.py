@@ -58,7 +58,8 @@ def test_a_user_function_is_isolated_by_default_and_its_pool_starts_with_the_ser
 def test_a_hanging_user_function_fails_its_item_alone_in_the_pool():
     scorer = build_own_scorer(RewardConfig(fn="tests.reward_fixtures:hang_or_crash", fn_timeout_s=2.0))
     try:
-        results = scorer.score([ScoreItem("h", "custom", "p", "x", "hang"), ScoreItem("ok", "custom", "p", "1", "1")])
+        results = scorer.score([ScoreItem("h", "custom", "p", "x", "hang"),
+                                ScoreItem("ok", "custom", "p", "1", "1")])
         assert not results[0].ok and "no reward within 2s" in results[0].error
         assert results[1].ok and results[1].score == 1.0
     finally:

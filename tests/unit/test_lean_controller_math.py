@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from rlfleet.advantages import group, group_lists
 
@@ -19,8 +18,10 @@ def test_group_advantages_on_lists_match_the_torch_ones(seed: int) -> None:
     rewards = [rng.choice([0.0, 0.25, 1.0, rng.random()]) for _ in range(rng.randint(0, 9))]
     for normalize in (True, False):
         want = group.group_advantages(rewards, normalize_std=normalize).tolist()
-        assert group_lists.group_advantages(rewards, normalize_std=normalize) == pytest.approx(want, abs=1e-5)
-    assert group_lists.rloo_advantages(rewards) == pytest.approx(group.rloo_advantages(rewards).tolist(), abs=1e-5)
+        got = group_lists.group_advantages(rewards, normalize_std=normalize)
+        assert got == pytest.approx(want, abs=1e-5)
+    want_rloo = group.rloo_advantages(rewards).tolist()
+    assert group_lists.rloo_advantages(rewards) == pytest.approx(want_rloo, abs=1e-5)
 
 
 def test_group_advantages_on_lists_keep_the_conventions() -> None:
@@ -50,7 +51,8 @@ def test_the_prompt_tokenizer_renders_and_counts_as_auto_tokenizer(tmp_path) -> 
     for messages in conversations:
         text = light.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert text == full.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        assert light(text, add_special_tokens=False)["input_ids"] == full(text, add_special_tokens=False)["input_ids"]
+        want_ids = full(text, add_special_tokens=False)["input_ids"]
+        assert light(text, add_special_tokens=False)["input_ids"] == want_ids
 
 
 def test_a_template_that_uses_the_special_tokens_sees_them(tmp_path) -> None:
@@ -60,8 +62,8 @@ def test_a_template_that_uses_the_special_tokens_sees_them(tmp_path) -> None:
     from rlfleet.models.tiny import ensure_tiny_model
 
     full = AutoTokenizer.from_pretrained(ensure_tiny_model())
-    full.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}"
-                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    full.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}"
+                          "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     full.save_pretrained(tmp_path)
     light = load_prompt_tokenizer(tmp_path)
     messages = [{"role": "user", "content": "Reverse the digits: 123"}]
