@@ -5,10 +5,12 @@ pages split between the processes sharing them, so the PSS sum does not count a 
 library once per process as the RSS sum does). Each process is labelled by its command line
 (`serve rollout` -> rollout, a multiprocessing worker -> its parent's label + "-worker", ...).
 The figure kept is the largest sum seen over the samples, with each label's value at that moment.
+With `gpu=True` each sample also asks nvidia-smi for the GPU memory of the tree's processes.
 """
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,14 +80,32 @@ class MemoryPeak:
     by_label_rss: dict[str, float] = field(default_factory=dict)
     by_label_pss: dict[str, float] = field(default_factory=dict)
     processes: int = 0
+    gpu_mb: float = 0.0  # largest GPU memory summed over the tree (gpu=True)
+    by_label_gpu: dict[str, float] = field(default_factory=dict)
+
+
+def gpu_memory_by_pid() -> dict[int, float]:
+    """MB of GPU memory per process, as nvidia-smi reports it ({} without nvidia-smi)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    used: dict[int, float] = {}
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            used[int(parts[0])] = used.get(int(parts[0]), 0.0) + float(parts[1] or 0)
+    return used
 
 
 class TreeMemory:
     """Samples the tree under `root_pid` every `interval_s` in a thread until `stop()`."""
 
     def __init__(self, root_pid: int, interval_s: float = 0.5,
-                 label: Callable[[list[str]], str] = default_label):
-        self.root_pid, self.interval_s, self.label = root_pid, interval_s, label
+                 label: Callable[[list[str]], str] = default_label, gpu: bool = False):
+        self.root_pid, self.interval_s, self.label, self.gpu = root_pid, interval_s, label, gpu
         self.peak = MemoryPeak()
         self._labels: dict[int, str] = {}
         self._done = threading.Event()
@@ -117,8 +137,16 @@ class TreeMemory:
                 pss[label] = pss.get(label, 0.0) + p
             todo.extend((child, label) for child in tree.get(pid, []))
         total = sum(rss.values())
+        gpu: dict[str, float] = {}
+        if self.gpu:
+            for pid, mb in gpu_memory_by_pid().items():
+                if pid in self._labels:
+                    gpu[self._labels[pid]] = gpu.get(self._labels[pid], 0.0) + mb
+            if sum(gpu.values()) > self.peak.gpu_mb:
+                self.peak.gpu_mb, self.peak.by_label_gpu = sum(gpu.values()), gpu
         if total > self.peak.rss_mb:
-            self.peak = MemoryPeak(total, sum(pss.values()), rss, pss, count)
+            self.peak = MemoryPeak(total, sum(pss.values()), rss, pss, count, self.peak.gpu_mb,
+                                   self.peak.by_label_gpu)
 
     def _run(self) -> None:
         while not self._done.wait(self.interval_s):

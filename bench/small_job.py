@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="builtin:tiny", help="model.path: builtin:tiny or an HF model folder")
     p.add_argument("--data", default=None, help="training Parquet (verl schema); default: the built-in task")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: one GPU shared by rollout and learner (and TRL on it alone)")
+                   help="cuda: rollout and learner share GPU 0 (rlfleet's device=auto), TRL runs on it alone")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of sync,async,trl")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompts-per-step", type=int, default=32)
@@ -117,8 +117,9 @@ def rlfleet_overrides(args, job: dict, name: str, staleness: int | None) -> list
         out.append(f"data.train_files=[{args.data}]")
     if staleness is not None:
         out.append(f"controller.max_staleness={staleness}")
-    if args.device == "cuda":
-        out += ["rollout.device=cuda:0", "learner.device=cuda:0"]
+    if args.device == "cpu":
+        out += ["rollout.device=cpu", "learner.device=cpu"]
+    # cuda: the default device=auto, under which rollout and learner share the one GPU (weights over gloo)
     return out + list(args.rlfleet_override)
 
 
@@ -140,7 +141,7 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
                                 start_new_session=True)
-        memory = TreeMemory(proc.pid)
+        memory = TreeMemory(proc.pid, gpu=args.device == "cuda")
         offset, buf = 0, ""
         try:
             while True:
@@ -198,7 +199,7 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "e2e_trl.py"), str(params_file)],
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-        memory = TreeMemory(proc.pid)
+        memory = TreeMemory(proc.pid, gpu=args.device == "cuda")
         try:
             rc = proc.wait(args.arm_timeout_s)
             if rc != 0:
@@ -224,8 +225,9 @@ def _median(values: list[float]) -> float | None:
 def summary_table(runs: list[ArmRun], warmup: int) -> str:
     """Medians over rounds; ratios are per round (paired with that round's TRL run) then the median."""
     trl = {r.round: r for r in runs if r.arm == "trl"}
+    gpu = any(r.memory.gpu_mb for r in runs)
     head = ("arm", "samples/s", "vs TRL (paired)", "first step s", "vs TRL", "memory RSS MB", "PSS MB",
-            "per process (RSS MB)")
+            "per process (RSS MB)", *(("GPU MB", "per process (GPU MB)") if gpu else ()))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in (*BEFORE_ARMS, *ARMS):
         mine = [r for r in runs if r.arm == arm]
@@ -250,7 +252,12 @@ def summary_table(runs: list[ArmRun], warmup: int) -> str:
             (fmt(_median(ratio), ".2f") + "x " + "(" + ", ".join(f"{x:.2f}" for x in ratio) + ")") if ratio
             else "-",
             fmt(_median(first), ".1f"), fmt(_median(first_ratio), ".2f") + "x" if first_ratio else "-",
-            fmt(rss, ".0f"), fmt(pss, ".0f"), split]) + " |")
+            fmt(rss, ".0f"), fmt(pss, ".0f"), split, *((
+                fmt(_median([r.memory.gpu_mb for r in mine]), ".0f"),
+                ", ".join(f"{k} {_median([r.memory.by_label_gpu.get(k, 0.0) for r in mine]):.0f}"
+                          for k in sorted({k for r in mine for k in r.memory.by_label_gpu})))
+                if gpu else ())])
+            + " |")
     return "\n".join(lines)
 
 
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sps or 0:.1f} samples/s, memory RSS {run.memory.rss_mb:.0f} MB / PSS "
                   f"{run.memory.pss_mb:.0f} MB ("
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.memory.by_label_rss.items())) + ")"
+                  + (f", GPU {run.memory.gpu_mb:.0f} MB" if run.memory.gpu_mb else "")
                   + ("; " + ", ".join(f"{k.split('/')[1]} {v * 1000:.0f}ms" for k, v in run.extra.items())
                      if run.extra else "")
                   + (f"; ERROR {run.error}" if run.error else ""), flush=True)
