@@ -100,6 +100,19 @@ def gpu_memory_by_pid() -> dict[int, float]:
     return used
 
 
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds used so far by the live processes of the tree under `root`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in descendants(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15 of stat)
+    return total
+
+
 class TreeMemory:
     """Samples the tree under `root_pid` every `interval_s` in a thread until `stop()`."""
 

@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.e2e_rlfleet import _record, _stop  # noqa: E402 - after the sys.path insert above
-from bench.proc_memory import MemoryPeak, TreeMemory  # noqa: E402
+from bench.proc_memory import MemoryPeak, TreeMemory, cpu_seconds  # noqa: E402
 
 ARMS = ("sync", "async", "trl")
 BEFORE_ARMS = ("before-sync", "before-async")  # --baseline-repo: rlfleet of another checkout, same rounds
@@ -50,6 +50,7 @@ class ArmRun:
     steps: list[tuple[int, float, int]] = field(default_factory=list)  # (step, t since start, samples)
     memory: MemoryPeak = field(default_factory=MemoryPeak)
     extra: dict = field(default_factory=dict)  # rlfleet's median timings per step
+    cpu_s: float | None = None  # CPU seconds of the whole process tree over the measured steps
     error: str = ""
 
     def first_step_s(self) -> float | None:
@@ -61,6 +62,12 @@ class ArmRun:
         if not base or not done:
             return None
         return sum(n for _, n in done) / (done[-1][0] - base[0])
+
+    def cpu_ms_per_sample(self, warmup: int) -> float | None:
+        """CPU time per sample over the measured steps: what the work costs, whatever else the
+        machine runs (wall-clock rates on a shared machine swing with its load)."""
+        done = sum(n for s, _, n in self.steps if s > warmup)
+        return 1000 * self.cpu_s / done if self.cpu_s is not None and done else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,6 +144,7 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
     result = ArmRun(arm, rnd)
     metrics_path = run_dir / "metrics.jsonl"
     lines: list[dict] = []
+    cpu_marks: dict[int, float] = {}
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
@@ -159,6 +167,7 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
                             record = _record(line, now)
                             result.steps.append((record.step, now, record.samples))
                             lines.append(line)
+                            cpu_marks[record.step] = cpu_seconds(proc.pid)
                 if proc.poll() is not None:
                     break
                 if now > args.arm_timeout_s:
@@ -170,12 +179,20 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
             _stop(proc)
     if proc.returncode not in (0, None) and not result.error:
         result.error = f"exit {proc.returncode}; log {log_path}"
+    result.cpu_s = _cpu_window(cpu_marks, args.warmup_steps)
     measured = [ln for ln in lines if ln["step"] > args.warmup_steps]
     for key in ("timing/gen_s", "timing/reward_s", "timing/train_s", "timing/weight_sync_s", "timing/step_s"):
         values = [float(ln[key]) for ln in measured if ln.get(key) is not None]
         if values:
             result.extra[key] = statistics.median(values)
     return result
+
+
+def _cpu_window(marks: dict[int, float], warmup: int) -> float | None:
+    last = max(marks, default=None)
+    if warmup not in marks or last is None or last <= warmup:
+        return None
+    return marks[last] - marks[warmup]
 
 
 def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: dict) -> ArmRun:
@@ -200,16 +217,25 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
         proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "e2e_trl.py"), str(params_file)],
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
         memory = TreeMemory(proc.pid, gpu=args.device == "cuda")
+        cpu_marks: dict[int, float] = {}
+        seen = 0
         try:
-            rc = proc.wait(args.arm_timeout_s)
-            if rc != 0:
-                result.error = f"exit {rc}; log {log_path}"
-        except subprocess.TimeoutExpired:
-            result.error = f"timed out after {args.arm_timeout_s:.0f}s"
-            proc.kill()
-            proc.wait()
+            while proc.poll() is None:  # the steps file is read as it grows, to stamp the CPU time
+                if time.time() - t0 > args.arm_timeout_s:
+                    result.error = f"timed out after {args.arm_timeout_s:.0f}s"
+                    proc.kill()
+                    break
+                if steps_file.exists():
+                    texts = steps_file.read_text().splitlines()
+                    for text in texts[seen:]:
+                        cpu_marks[json.loads(text)["step"]] = cpu_seconds(proc.pid)
+                    seen = len(texts)
+                time.sleep(0.02)
+            if proc.wait() != 0 and not result.error:
+                result.error = f"exit {proc.returncode}; log {log_path}"
         finally:
             result.memory = memory.stop()
+    result.cpu_s = _cpu_window(cpu_marks, args.warmup_steps)
     if steps_file.exists():
         for text in steps_file.read_text().splitlines():
             d = json.loads(text)
@@ -226,7 +252,8 @@ def summary_table(runs: list[ArmRun], warmup: int) -> str:
     """Medians over rounds; ratios are per round (paired with that round's TRL run) then the median."""
     trl = {r.round: r for r in runs if r.arm == "trl"}
     gpu = any(r.memory.gpu_mb for r in runs)
-    head = ("arm", "samples/s", "vs TRL (paired)", "first step s", "vs TRL", "memory RSS MB", "PSS MB",
+    head = ("arm", "samples/s", "vs TRL (paired)", "CPU ms/sample", "first step s", "vs TRL", "memory RSS MB",
+            "PSS MB",
             "per process (RSS MB)", *(("GPU MB", "per process (GPU MB)") if gpu else ()))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in (*BEFORE_ARMS, *ARMS):
@@ -251,6 +278,7 @@ def summary_table(runs: list[ArmRun], warmup: int) -> str:
             arm, fmt(_median(sps), ".1f"),
             (fmt(_median(ratio), ".2f") + "x " + "(" + ", ".join(f"{x:.2f}" for x in ratio) + ")") if ratio
             else "-",
+            fmt(_median([r.cpu_ms_per_sample(warmup) for r in mine]), ".2f"),
             fmt(_median(first), ".1f"), fmt(_median(first_ratio), ".2f") + "x" if first_ratio else "-",
             fmt(rss, ".0f"), fmt(pss, ".0f"), split, *((
                 fmt(_median([r.memory.gpu_mb for r in mine]), ".0f"),
@@ -291,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run = run_rlfleet(args, job, arm, rnd, env)
             runs.append(run)
-            sps = run.samples_per_s(args.warmup_steps)
+            sps, cpu = run.samples_per_s(args.warmup_steps), run.cpu_ms_per_sample(args.warmup_steps)
             print(f"round {rnd} {arm:5s}: {len(run.steps)} steps, first step {run.first_step_s() or 0:.1f}s, "
-                  f"{sps or 0:.1f} samples/s, memory RSS {run.memory.rss_mb:.0f} MB / PSS "
+                  f"{sps or 0:.1f} samples/s, {cpu or 0:.2f} CPU ms/sample, "
+                  f"load {os.getloadavg()[0]:.1f}, memory RSS {run.memory.rss_mb:.0f} MB / PSS "
                   f"{run.memory.pss_mb:.0f} MB ("
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.memory.by_label_rss.items())) + ")"
                   + (f", GPU {run.memory.gpu_mb:.0f} MB" if run.memory.gpu_mb else "")
