@@ -39,7 +39,10 @@ if str(REPO) not in sys.path:
 from bench.e2e_rlfleet import _record, _stop  # noqa: E402 - after the sys.path insert above
 from bench.proc_memory import MemoryPeak, TreeMemory, cpu_seconds  # noqa: E402
 
-ARMS = ("sync", "async", "trl")
+# trl-1t: TRL with one torch thread. On a machine shared with other work, a 2-thread OpenMP process
+# collapses when the cores are oversubscribed (its threads spin-wait for each other), which rlfleet's
+# one-thread-per-role processes do not: trl-1t is the like-for-like arm there.
+ARMS = ("sync", "async", "trl", "trl-1t")
 BEFORE_ARMS = ("before-sync", "before-async")  # --baseline-repo: rlfleet of another checkout, same rounds
 
 
@@ -195,10 +198,11 @@ def _cpu_window(marks: dict[int, float], warmup: int) -> float | None:
     return marks[last] - marks[warmup]
 
 
-def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: dict) -> ArmRun:
-    result = ArmRun("trl", rnd)
+def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: dict,
+            arm: str = "trl") -> ArmRun:
+    result = ArmRun(arm, rnd)
     work = Path(args.work_dir)
-    steps_file = work / f"trl-r{rnd}.steps.jsonl"
+    steps_file = work / f"{arm}-r{rnd}.steps.jsonl"
     steps_file.unlink(missing_ok=True)
     cuda = args.device == "cuda"
     t0 = time.time()
@@ -208,11 +212,11 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
               "micro_batch_seqs": min(args.micro_batch_seqs, args.prompts_per_step * args.n),
               "max_new_tokens": job["max_new_tokens"], "lr": job["lr"],
               "max_steps": args.warmup_steps + args.steps, "t0": t0}
-    params_file = work / f"trl-r{rnd}.json"
+    params_file = work / f"{arm}-r{rnd}.json"
     params_file.write_text(json.dumps(params))
     child_env = dict(env, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                      HF_DATASETS_CACHE=str(work / "hf_datasets"), WANDB_DISABLED="true")
-    log_path = work / f"trl-r{rnd}.log"
+    log_path = work / f"{arm}-r{rnd}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "e2e_trl.py"), str(params_file)],
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
@@ -248,44 +252,58 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _paired(mine: list[ArmRun], ref: dict[int, ArmRun], value) -> list[float]:
+    """value(run) / value(that round's reference run), for the rounds where both have one."""
+    return [value(r) / value(ref[r.round]) for r in mine
+            if r.round in ref and value(r) and value(ref[r.round])]
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return format(v, spec) if v is not None else "-"
+
+
+def _ratio_cell(ratios: list[float]) -> str:
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f}x (" + ", ".join(f"{x:.2f}" for x in ratios) + ")"
+
+
 def summary_table(runs: list[ArmRun], warmup: int) -> str:
-    """Medians over rounds; ratios are per round (paired with that round's TRL run) then the median."""
+    """Medians over rounds; ratios are per round (paired with that round's TRL run) then the median:
+    samples/s against TRL and against TRL on one thread (see ARMS), time to the first step against TRL."""
     trl = {r.round: r for r in runs if r.arm == "trl"}
+    trl1 = {r.round: r for r in runs if r.arm == "trl-1t"}
     gpu = any(r.memory.gpu_mb for r in runs)
-    head = ("arm", "samples/s", "vs TRL (paired)", "CPU ms/sample", "first step s", "vs TRL", "memory RSS MB",
-            "PSS MB",
-            "per process (RSS MB)", *(("GPU MB", "per process (GPU MB)") if gpu else ()))
+    head = ("arm", "samples/s", "vs TRL (paired)", "vs TRL 1 thread", "CPU ms/sample", "first step s",
+            "vs TRL", "memory RSS MB", "PSS MB", "per process (RSS MB)",
+            *(("GPU MB", "per process (GPU MB)") if gpu else ()))
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in (*BEFORE_ARMS, *ARMS):
         mine = [r for r in runs if r.arm == arm]
         if not mine:
             continue
-        sps = [r.samples_per_s(warmup) for r in mine]
-        ratio = [r.samples_per_s(warmup) / trl[r.round].samples_per_s(warmup) for r in mine
-                 if r.round in trl and r.samples_per_s(warmup) and trl[r.round].samples_per_s(warmup)]
-        first = [r.first_step_s() for r in mine]
-        first_ratio = [r.first_step_s() / trl[r.round].first_step_s() for r in mine
-                       if r.round in trl and r.first_step_s() and trl[r.round].first_step_s()]
-        rss = _median([r.memory.rss_mb for r in mine])
-        pss = _median([r.memory.pss_mb for r in mine])
+
+        def rate(r: ArmRun) -> float | None:
+            return r.samples_per_s(warmup)
+
+        def first(r: ArmRun) -> float | None:
+            return r.first_step_s()
+
         labels = sorted({k for r in mine for k in r.memory.by_label_rss})
         split = ", ".join(f"{k} {_median([r.memory.by_label_rss.get(k, 0.0) for r in mine]):.0f}"
                           for k in labels)
-
-        def fmt(v, spec):
-            return format(v, spec) if v is not None else "-"
-        lines.append("| " + " | ".join([
-            arm, fmt(_median(sps), ".1f"),
-            (fmt(_median(ratio), ".2f") + "x " + "(" + ", ".join(f"{x:.2f}" for x in ratio) + ")") if ratio
-            else "-",
-            fmt(_median([r.cpu_ms_per_sample(warmup) for r in mine]), ".2f"),
-            fmt(_median(first), ".1f"), fmt(_median(first_ratio), ".2f") + "x" if first_ratio else "-",
-            fmt(rss, ".0f"), fmt(pss, ".0f"), split, *((
-                fmt(_median([r.memory.gpu_mb for r in mine]), ".0f"),
-                ", ".join(f"{k} {_median([r.memory.by_label_gpu.get(k, 0.0) for r in mine]):.0f}"
-                          for k in sorted({k for r in mine for k in r.memory.by_label_gpu})))
-                if gpu else ())])
-            + " |")
+        cells = [arm, _fmt(_median([rate(r) for r in mine]), ".1f"), _ratio_cell(_paired(mine, trl, rate)),
+                 _ratio_cell(_paired(mine, trl1, rate)),
+                 _fmt(_median([r.cpu_ms_per_sample(warmup) for r in mine]), ".2f"),
+                 _fmt(_median([first(r) for r in mine]), ".1f"), _ratio_cell(_paired(mine, trl, first)),
+                 _fmt(_median([r.memory.rss_mb for r in mine]), ".0f"),
+                 _fmt(_median([r.memory.pss_mb for r in mine]), ".0f"), split]
+        if gpu:
+            gpu_labels = sorted({k for r in mine for k in r.memory.by_label_gpu})
+            cells += [_fmt(_median([r.memory.gpu_mb for r in mine]), ".0f"),
+                      ", ".join(f"{k} {_median([r.memory.by_label_gpu.get(k, 0.0) for r in mine]):.0f}"
+                                for k in gpu_labels)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -314,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[ArmRun] = []
     for rnd in range(1, args.rounds + 1):
         for arm in args.arms:
-            if arm == "trl":
-                run = run_trl(args, job, rnd, model_dir, rows_file, env)
+            if arm.startswith("trl"):
+                run = run_trl(args, job, rnd, model_dir, rows_file,
+                              dict(env, OMP_NUM_THREADS="1") if arm == "trl-1t" else env, arm)
             else:
                 run = run_rlfleet(args, job, arm, rnd, env)
             runs.append(run)
