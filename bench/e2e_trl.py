@@ -119,7 +119,7 @@ def child(params: dict) -> None:
         output_dir=params["output_dir"], max_steps=params["max_steps"], seed=params["seed"],
         per_device_train_batch_size=micro, gradient_accumulation_steps=group // micro,
         num_generations=params["n"], max_completion_length=params["max_new_tokens"],
-        temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+        temperature=params.get("temperature", 1.0), top_p=1.0, top_k=0, use_vllm=False,
         learning_rate=params["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9,
         adam_beta2=0.99,
         weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch_fused" if cuda else "adamw_torch",

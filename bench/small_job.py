@@ -14,10 +14,18 @@ Per arm and round:
 - time to the first step: from starting the process (`rlfleet run` / the TRL script) to the end
   of step 1, start-up of every service included;
 - memory: the largest RSS summed over the process tree seen (sampled every 0.5 s), with the PSS
-  sum at that moment and the per-process split (bench/proc_memory.py).
+  sum at that moment and the per-process split (bench/proc_memory.py);
+- CPU time per sample over the measured steps, summed over the process tree: what the work costs
+  whatever else the machine runs (wall-clock rates on a shared machine swing with its load).
+An arm `trl-1t` runs TRL with one torch thread (see ARMS).
 
   python bench/small_job.py                               # CPU, built-in model, 3 rounds
   python bench/small_job.py --model PATH --data F.parquet --device cuda --max-new-tokens 256
+  python bench/small_job.py --config deploy/configs/gsm8k-smollm2-135m.yaml --device cuda \\
+      --arms sync,async,trl
+
+With --config the job's own settings (group size, prompts per step, new tokens, lr, temperature)
+are used by every arm unless given here; its periodic evaluation is turned off (throughput only).
 """
 from __future__ import annotations
 
@@ -75,14 +83,18 @@ class ArmRun:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="builtin:tiny", help="model.path: builtin:tiny or an HF model folder")
+    p.add_argument("--config", default=None, help="an rlfleet job file (e.g. a recipe) for both rlfleet "
+                   "arms; "
+                   "its settings are the job's")
+    p.add_argument("--model", default=None, help="model.path: builtin:tiny (default) or an HF model folder")
     p.add_argument("--data", default=None, help="training Parquet (verl schema); default: the built-in task")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: rollout and learner share GPU 0 (rlfleet's device=auto), TRL runs on it alone")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of sync,async,trl")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prompts-per-step", type=int, default=32)
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n / num_generations)")
+    p.add_argument("--prompts-per-step", type=int, default=None, help="default 32 (with --config: its value)")
+    p.add_argument("--n", type=int, default=None, help="samples per prompt (rollout.n / num_generations); "
+                   "default 8 (with --config: its value)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: rlfleet's default")
     p.add_argument("--lr", type=float, default=None, help="default: rlfleet's learner.lr")
     p.add_argument("--steps", type=int, default=6, help="measured steps")
@@ -108,23 +120,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def job_settings(args) -> dict:
-    """rlfleet's defaults for what the command line leaves unset, so TRL runs the same job."""
-    from rlfleet.config import JobConfig
+    """The job every arm runs: the command line, else the --config file, else rlfleet's defaults
+    (32 prompts x 8 samples without a file), so TRL runs the same job as rlfleet."""
+    from rlfleet.config import load_config
 
-    cfg = JobConfig()
+    cfg = load_config(args.config, [f"model.path={args.model}"] if args.model else [])
+    if args.data:
+        cfg.data.train_files = [args.data]
+    default_n, default_prompts = (cfg.rollout.n, cfg.controller.prompts_per_step) if args.config else (8, 32)
+    args.n = args.n or default_n
+    args.prompts_per_step = args.prompts_per_step or default_prompts
+    model = cfg.model.path if cfg.model.path.startswith("builtin:") else str(Path(cfg.model.path).resolve())
     return {"lr": args.lr if args.lr is not None else cfg.learner.lr,
-            "max_new_tokens": args.max_new_tokens or cfg.rollout.max_new_tokens}
+            "max_new_tokens": args.max_new_tokens or cfg.rollout.max_new_tokens,
+            "temperature": cfg.rollout.temperature, "model": model,  # absolute: the arms run in other folders
+            "data": str(Path(cfg.data.train_files[0]).resolve()) if cfg.data.train_files else None}
 
 
 def rlfleet_overrides(args, job: dict, name: str, staleness: int | None) -> list[str]:
     out = [f"run.name={name}", f"run.output_dir={args.work_dir}/runs", "run.max_restarts=0",
-           f"model.path={args.model}",
-           f"rollout.n={args.n}", f"rollout.max_new_tokens={job['max_new_tokens']}",
+           f"model.path={job['model']}", "controller.eval_every=0",
+           f"rollout.temperature={job['temperature']}", f"rollout.n={args.n}",
+           f"rollout.max_new_tokens={job['max_new_tokens']}",
            f"learner.lr={job['lr']}", f"controller.prompts_per_step={args.prompts_per_step}",
            f"controller.max_steps={args.warmup_steps + args.steps}",
            "tracking.tensorboard=false"]
-    if args.data:
-        out.append(f"data.train_files=[{args.data}]")
+    if job["data"]:
+        out.append(f"data.train_files=[{job['data']}]")
     if staleness is not None:
         out.append(f"controller.max_staleness={staleness}")
     if args.device == "cpu":
@@ -142,7 +164,9 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
     if arm.startswith("before-"):  # the earlier checkout's code, first on the path (`-m` puts the cwd first)
         repo = Path(args.baseline_repo).resolve()
         env = dict(env, PYTHONPATH=os.pathsep.join([str(repo), env["PYTHONPATH"]]))
-    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", *rlfleet_overrides(args, job, name, staleness)]
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", *(["--config", str(Path(args.config).resolve())]
+                                                             if args.config else []),
+           *rlfleet_overrides(args, job, name, staleness)]
     log_path = Path(args.work_dir) / f"{name}.log"
     result = ArmRun(arm, rnd)
     metrics_path = run_dir / "metrics.jsonl"
@@ -210,7 +234,7 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
               "output_dir": str(work / "trl_out"), "cuda": cuda, "seed": 0, "n": args.n,
               "prompts_per_step": args.prompts_per_step,
               "micro_batch_seqs": min(args.micro_batch_seqs, args.prompts_per_step * args.n),
-              "max_new_tokens": job["max_new_tokens"], "lr": job["lr"],
+              "max_new_tokens": job["max_new_tokens"], "lr": job["lr"], "temperature": job["temperature"],
               "max_steps": args.warmup_steps + args.steps, "t0": t0}
     params_file = work / f"{arm}-r{rnd}.json"
     params_file.write_text(json.dumps(params))
@@ -318,14 +342,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlfleet.models.resolve import resolve_model_path
 
-    model_dir = resolve_model_path(args.model)  # the tiny model is built (and cached) here, not timed
-    rows_file = Path(args.data) if args.data else work / "prompts.parquet"
-    if not args.data:
+    model_dir = resolve_model_path(job["model"])  # the tiny model is built (and cached) here, not timed
+    rows_file = Path(job["data"]) if job["data"] else work / "prompts.parquet"
+    if not job["data"]:
         from rlfleet.config import JobConfig
         from rlfleet.data import tasks
 
         tasks.write_parquet(rows_file, JobConfig().data.builtin_size, 0)
-    print(f"small job: {args.model} ({model_dir}), {args.prompts_per_step} prompts x {args.n} samples per "
+    print(f"small job: {job['model']} ({model_dir}), {args.prompts_per_step} prompts x {args.n} samples per "
           f"step, {job['max_new_tokens']} new tokens, lr {job['lr']}, {args.warmup_steps} warm-up + "
           f"{args.steps} measured steps, {args.rounds} rounds, device {args.device}", flush=True)
 
@@ -349,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                      if run.extra else "")
                   + (f"; ERROR {run.error}" if run.error else ""), flush=True)
 
-    print(f"\nsmall job ({args.model}, {args.device}): medians over {args.rounds} rounds")
+    print(f"\nsmall job ({job['model']}, {args.device}): medians over {args.rounds} rounds")
     print(summary_table(runs, args.warmup_steps))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "job": job,
