@@ -193,8 +193,10 @@ class GRPOLoop:
             self._cond.notify_all()
 
     def _score_forever(self) -> None:
-        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
-        stays counted as admitted, and is buffered once scored (or the run stops)."""
+        """Scores the generated groups waiting, all of them in one Score call (up to
+        limits.max_score_items): a Generate that returns a step's groups at once costs one reward
+        round trip, not one per group. A group whose scoring waits out a reward outage stays
+        counted as admitted, and is buffered once scored (or the run stops)."""
         try:
             while True:
                 with self._cond:
@@ -202,28 +204,43 @@ class GRPOLoop:
                         if self.stop.is_set():
                             return
                         self._cond.wait(0.5)
-                    waiting = self._to_score.popleft()
-                    self._scoring += 1
+                    batch = [self._to_score.popleft()]
+                    size = len(batch[0].completions)
+                    while self._to_score and size + len(self._to_score[0].completions) <= \
+                            self.cfg.limits.max_score_items:
+                        batch.append(self._to_score.popleft())
+                        size += len(batch[-1].completions)
+                    self._scoring += len(batch)
                 try:
-                    t0 = time.perf_counter()
-                    results = self.recovery.score(score_items(waiting.prompt, waiting.completions,
-                                                              waiting.request_id))
-                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
-                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
-                    self._note("scored", seq=scored.seq, failed=scored.failed)
-                    with self._cond:
-                        self._failed["items"] += scored.failed
-                        self._failed["groups"] += bool(results) and scored.failed == len(results)
-                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                    self._score_batch(batch)
                 finally:
                     with self._cond:
-                        self._scoring -= 1
+                        self._scoring -= len(batch)
                         self._cond.notify_all()
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             if not self.stop.is_set():
                 self._fail(exc)
+
+    def _score_batch(self, batch: list[ScoredGroupInput]) -> None:
+        items_by_group = [score_items(w.prompt, w.completions, w.request_id) for w in batch]
+        t0 = time.perf_counter()
+        results = self.recovery.score([item for items in items_by_group for item in items])
+        elapsed = time.perf_counter() - t0
+        start = 0
+        for waiting, items in zip(batch, items_by_group):
+            mine = results[start:start + len(items)]
+            start += len(items)
+            # The call's time shared by item count, so timing/reward_s (a sum over groups) stays the
+            # time spent scoring.
+            scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, mine, waiting.gen_s,
+                                 elapsed * len(items) / max(1, len(results)), replica=waiting.replica)
+            self._note("scored", seq=scored.seq, failed=scored.failed)
+            with self._cond:
+                self._failed["items"] += scored.failed
+                self._failed["groups"] += bool(mine) and scored.failed == len(mine)
+                heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
 
     def buffered(self) -> int:
         """Scored groups waiting to be trained."""
