@@ -34,7 +34,8 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
     loop.reward = reward
     assert run_loop(loop) is None
     groups = sum(reward.sizes) // 4  # rollout.n = 4
-    assert len(reward.sizes) < groups and max(reward.sizes) > 4, reward.sizes  # some calls held several groups
+    # fewer calls than groups: some calls held several groups
+    assert len(reward.sizes) < groups and max(reward.sizes) > 4, reward.sizes
     samples = [json.loads(line) for line in (tmp_path / "samples" / "train.jsonl").read_text().splitlines()]
     assert samples
     for sample in samples:  # each sample got its own group's results back, not a neighbour's
