@@ -263,6 +263,9 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
                 result.error = f"exit {proc.returncode}; log {log_path}"
         finally:
             result.memory = memory.stop()
+            if proc.poll() is None:  # interrupted: the TRL process must not outlive the bench
+                proc.kill()
+                proc.wait()
     result.cpu_s = _cpu_window(cpu_marks, args.warmup_steps)
     if steps_file.exists():
         for text in steps_file.read_text().splitlines():
