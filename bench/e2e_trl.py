@@ -1,10 +1,10 @@
 """The TRL arm of bench/e2e_grpo.py: trl.GRPOTrainer on one device, transformers `generate` (no vLLM).
 
 Runs as a child process (`python bench/e2e_trl.py PARAMS.json`) so its GPU memory and imports
-stay out of the other arms. A reward function equivalent to rlfleet's digits_reverse reward
-(it calls services.reward.fns.digits.compute_score) also counts the completion tokens TRL
-hands it; a callback stamps the end of every optimizer step and appends one JSON line per
-step to PARAMS["steps_file"].
+stay out of the other arms. A reward function equivalent to rlfleet's reward.fn=auto
+(the built-in function of each row's data_source, services/reward/registry.py) also counts the
+completion tokens TRL hands it; a callback stamps the end of every optimizer step and appends
+one JSON line per step to PARAMS["steps_file"].
 
 Matched to the rlfleet arms: same model folder and prompts, num_generations = rollout.n,
 prompts per optimizer step, max_completion_length = max_new_tokens, temperature 1 / top_p 1 /
@@ -77,7 +77,9 @@ def child(params: dict) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from services.reward.fns.digits import compute_score
+    from services.reward.registry import builtin_functions
+
+    by_source = builtin_functions()  # the reward rlfleet's reward.fn=auto picks for each data_source
 
     cuda = params["cuda"]
     table = pq.read_table(params["rows_file"]).to_pylist()
@@ -89,7 +91,7 @@ def child(params: dict) -> None:
         seen["tokens"] += sum(len(ids) for ids in completion_ids)
         seen["samples"] += len(completion_ids)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = [compute_score(src, text, truth)
+        scores = [by_source[src](src, text, truth)
                   for src, text, truth in zip(data_source, texts, ground_truth)]
         seen["rewards"] += scores
         return scores
@@ -117,7 +119,7 @@ def child(params: dict) -> None:
         output_dir=params["output_dir"], max_steps=params["max_steps"], seed=params["seed"],
         per_device_train_batch_size=micro, gradient_accumulation_steps=group // micro,
         num_generations=params["n"], max_completion_length=params["max_new_tokens"],
-        temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
+        temperature=params.get("temperature", 1.0), top_p=1.0, top_k=0, use_vllm=False,
         learning_rate=params["lr"], lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9,
         adam_beta2=0.99,
         weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch_fused" if cuda else "adamw_torch",

@@ -18,15 +18,14 @@ from rlfleet.env.types import FAILURE_CAUSES, UNAVAILABLE
 from rlfleet.types import Completion, ScoreItem, ScoreResult
 
 
-def score_group(prompt: Prompt, completions: list[Completion], request_id: str,
-                score: Callable[[list[ScoreItem]], list[ScoreResult]]) -> list[ScoreResult]:
-    """One result per completion, in order; `score` (the reward service) is called only for those
-    that need it, and not at all when none does. The items are groups.score_items' (whatever a reward
-    is told of a single-turn response), with the final turn as the response."""
-    items = score_items(prompt, completions, request_id)
+def split_group(prompt: Prompt, completions: list[Completion],
+                request_id: str) -> tuple[list[ScoreResult | None], list[ScoreItem]]:
+    """The results an episode already has (the environment's reward, or its failure), None where the
+    reward service must score, and the items to send it (groups.score_items', whatever a reward is
+    told of a single-turn response, with the final turn as the response)."""
     results: list[ScoreResult | None] = []
     to_score: list[ScoreItem] = []
-    for c, item in zip(completions, items):
+    for c, item in zip(completions, score_items(prompt, completions, request_id)):
         if c.failed:
             results.append(ScoreResult(item.id, 0.0, ok=False,
                                        error=f"environment: {c.env_failure}: {c.env_error}"))
@@ -35,6 +34,14 @@ def score_group(prompt: Prompt, completions: list[Completion], request_id: str,
         else:
             results.append(None)
             to_score.append(replace(item, response=c.final_text))
+    return results, to_score
+
+
+def score_group(prompt: Prompt, completions: list[Completion], request_id: str,
+                score: Callable[[list[ScoreItem]], list[ScoreResult]]) -> list[ScoreResult]:
+    """One result per completion, in order; `score` (the reward service) is called only for those
+    that need it, and not at all when none does."""
+    results, to_score = split_group(prompt, completions, request_id)
     scored = iter(score(to_score) if to_score else [])
     return [r if r is not None else next(scored) for r in results]
 

@@ -18,7 +18,7 @@ from rlfleet.data.prompts import Prompt
 from rlfleet.errors import ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
-from controller.episodes import env_unavailable, score_group
+from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import Stopped
 from controller.state import Dispatch, sampling_seed
@@ -157,8 +157,10 @@ class GenerationSide:
             self._cond.notify_all()
 
     def _score_forever(self) -> None:
-        """Scores generated groups one at a time; a group whose scoring waits out a reward outage
-        stays counted as admitted, and is buffered once scored (or the run stops)."""
+        """Scores the generated groups waiting, all of them in one Score call (up to
+        limits.max_score_items): a Generate that returns a step's groups at once costs one reward
+        round trip, not one per group. A group whose scoring waits out a reward outage stays
+        counted as admitted, and is buffered once scored (or the run stops)."""
         try:
             while True:
                 with self._cond:
@@ -166,34 +168,49 @@ class GenerationSide:
                         if self.stop.is_set():
                             return
                         self._cond.wait(0.5)
-                    waiting = self._to_score.popleft()
-                    self._scoring += 1
+                    batch = [self._to_score.popleft()]
+                    size = len(batch[0].completions)
+                    while self._to_score and size + len(self._to_score[0].completions) <= \
+                            self.cfg.limits.max_score_items:
+                        batch.append(self._to_score.popleft())
+                        size += len(batch[-1].completions)
+                    self._scoring += len(batch)
                 try:
-                    t0 = time.perf_counter()
-                    unreachable = env_unavailable(waiting.completions)
-                    if unreachable is not None and self.env_outage is not None:
-                        self.env_outage.failed(unreachable)
-                    # Episodes with the environment's reward (or failed) skip the reward service.
-                    results = score_group(waiting.prompt, waiting.completions, waiting.request_id,
-                                          self.recovery.score)
-                    scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
-                                         waiting.gen_s, time.perf_counter() - t0, replica=waiting.replica)
-                    env_failed = sum(c.failed for c in waiting.completions)
-                    self._note("scored", seq=scored.seq, failed=scored.failed)
-                    with self._cond:
-                        self._failed["items"] += scored.failed - env_failed
-                        self._failed["groups"] += bool(results) and scored.failed == len(results)
-                        self._env_failed.update(c.env_failure for c in waiting.completions if c.failed)
-                        heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
+                    self._score_batch(batch)
                 finally:
                     with self._cond:
-                        self._scoring -= 1
+                        self._scoring -= len(batch)
                         self._cond.notify_all()
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             if not self.stop.is_set():
                 self._fail(exc)
+
+    def _score_batch(self, batch: list[ScoredGroupInput]) -> None:
+        for waiting in batch:
+            unreachable = env_unavailable(waiting.completions)
+            if unreachable is not None and self.env_outage is not None:
+                self.env_outage.failed(unreachable)
+        # Episodes with the environment's reward (or failed) skip the reward service.
+        split = [split_group(w.prompt, w.completions, w.request_id) for w in batch]
+        items = [item for _, to_score in split for item in to_score]
+        t0 = time.perf_counter()
+        scored_items = iter(self.recovery.score(items) if items else [])
+        elapsed = time.perf_counter() - t0
+        for waiting, (fixed, to_score) in zip(batch, split):
+            results = [r if r is not None else next(scored_items) for r in fixed]
+            # The call's time shared by item count, so timing/reward_s (a sum over groups) stays the
+            # time spent scoring.
+            scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results, waiting.gen_s,
+                                 elapsed * len(to_score) / max(1, len(items)), replica=waiting.replica)
+            env_failed = sum(c.failed for c in waiting.completions)
+            self._note("scored", seq=scored.seq, failed=scored.failed)
+            with self._cond:
+                self._failed["items"] += scored.failed - env_failed
+                self._failed["groups"] += bool(results) and scored.failed == len(results)
+                self._env_failed.update(c.env_failure for c in waiting.completions if c.failed)
+                heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
 
     def buffered(self) -> int:
         """Scored groups waiting to be trained."""

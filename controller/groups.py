@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rlfleet.advantages.group import group_advantages
+from rlfleet.advantages.group_lists import group_advantages
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample
 
@@ -40,7 +40,7 @@ class ScoredGroup:
         rewards = [score for _, score in kept] if rewards is None else rewards
         if len(rewards) != len(kept):
             raise ValueError(f"{len(rewards)} rewards for {len(kept)} scored completions")
-        advantages = (estimator(rewards) if estimator else group_advantages(rewards).tolist()) if kept else []
+        advantages = (estimator(rewards) if estimator else group_advantages(rewards)) if kept else []
         return [TrainSample(prompt_ids=self.prompt.prompt_ids, response_ids=c.token_ids,
                             behaviour_logprobs=c.logprobs, advantage=float(a),
                             generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from transformers import AutoTokenizer
 
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource, load_prompts
@@ -15,6 +15,7 @@ from rlfleet.data.tasks import write_parquet
 from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
 from rlfleet.models.identity import architecture, model_summary
+from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
@@ -57,13 +58,18 @@ def rollout_addresses(addresses: dict[str, str]) -> list[str]:
     return [addresses[n] for n in sorted(names, key=lambda n: 0 if n == "rollout" else int(n.split("-")[1]))]
 
 
-def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
-                   on_step: Callable[[dict[str, Any]], None] | None = None,
-                   alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
-    cc = cfg.controller
+@dataclass
+class ControllerData:
+    """What the controller reads before it talks to any service: prompts and evaluation set."""
+    source: PromptSource
+    evaluator: PeriodicEval | None
+
+
+def prepare_data(cfg: JobConfig) -> ControllerData:
+    """Renders and measures the prompts; needs no service, so `rlfleet run` does it while they start."""
     model_dir = resolve_model_path(cfg.model.path)
     max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_prompt_tokenizer(model_dir)  # no torch here (rlfleet/models/prompt_tokenizer.py)
     files = train_files(cfg)
     prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
@@ -71,8 +77,18 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
           + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens"
              if filtered else ""),
           flush=True)
-    source = PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
-    evaluator = PeriodicEval.from_config(cfg, tokenizer, max_prompt)
+    return ControllerData(PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed),
+                          PeriodicEval.from_config(cfg, tokenizer, max_prompt))
+
+
+def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,
+                   on_step: Callable[[dict[str, Any]], None] | None = None,
+                   alive: Callable[[], bool] = lambda: True,
+                   data: ControllerData | None = None) -> dict[str, Any]:
+    """`data`: prepare_data(cfg) when done already (while the services started)."""
+    cc = cfg.controller
+    data = data if data is not None else prepare_data(cfg)
+    source, evaluator = data.source, data.evaluator
 
     loop_ref: list[GRPOLoop] = []
     security = Security.from_config(cfg.security, cfg.limits)  # of the status server and every client
@@ -121,6 +137,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, 30.0),
                        security=security)
         # Replicas may join while it runs (`rlfleet serve rollout --join`): same model, same token.
+        model_dir = resolve_model_path(cfg.model.path)
         fleet = Fleet(rollout, architecture=architecture(model_dir), summary=model_summary(model_dir),
                       connect=lambda address: RolloutClient(address, **join_kw), note=journal.record)
         try:

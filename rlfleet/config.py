@@ -163,9 +163,16 @@ class RewardConfig(ServiceEndpointConfig):
                                               "empty: the reward service alone")
     max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many samples "
                                           "in a row got no reward from reward.sources; 0 never stops")
+    fn_isolation: Literal["auto", "process", "none"] = Field(
+        "auto", description="where reward.fn runs. auto: built-in rules of bounded cost (digits, gsm8k and "
+        "its variants, arithmetic, exact_match, format, length_penalty, code, whose programs run in their "
+        "own sandbox) in the reward service's process; math (sympy, no deadline) and your functions in the "
+        "worker pool; process: every function in the pool; none: every function in-process (you mark "
+        "yours safe)")
     fn_workers: int = Field(2, ge=1, le=256, description="worker processes that run reward.fn (and "
                             "each function source of reward.sources) in the reward service (isolated: a "
-                            "hang or crash fails one item, not the service)")
+                            "hang or crash fails one item, not the service); started with the service "
+                            "when reward.fn needs them")
     fn_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="deadline of one item's reward.fn "
                                 "(or function source) call; a late item is a failed item and its worker is "
                                 "replaced")

@@ -1,5 +1,6 @@
-"""The built-in advantage estimators (rlfleet.advantages). Their math imports torch when first run,
-not here, so that reading the registry (config validation in every process) needs no torch."""
+"""The built-in advantage estimators (rlfleet.advantages). The group stages (run by the controller)
+are plain-list math and import no torch; the token stages (run by the learner) import torch when
+first run, not here, so that reading the registry (config validation in every process) needs none."""
 from __future__ import annotations
 
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
@@ -7,20 +8,20 @@ from rlfleet.advantages import ADVANTAGE_ESTIMATORS, AdvantageEstimator
 
 def grpo(rewards_G: list[float]) -> list[float]:
     """(r - mean) / (std + eps) within the group (Shao et al. 2024)."""
-    from rlfleet.advantages.group import group_advantages
-    return group_advantages(rewards_G).tolist()
+    from rlfleet.advantages.group_lists import group_advantages
+    return group_advantages(rewards_G)
 
 
 def dr_grpo(rewards_G: list[float]) -> list[float]:
     """r - mean, no std division (Liu et al. 2025, "Understanding R1-Zero-like training")."""
-    from rlfleet.advantages.group import group_advantages
-    return group_advantages(rewards_G, normalize_std=False).tolist()
+    from rlfleet.advantages.group_lists import group_advantages
+    return group_advantages(rewards_G, normalize_std=False)
 
 
 def rloo(rewards_G: list[float]) -> list[float]:
     """Leave-one-out baseline (Ahmadian et al. 2024)."""
-    from rlfleet.advantages.group import rloo_advantages
-    return rloo_advantages(rewards_G).tolist()
+    from rlfleet.advantages.group_lists import rloo_advantages
+    return rloo_advantages(rewards_G)
 
 
 def reinforce_pp(batches, gamma: float, lam: float):

@@ -97,6 +97,7 @@ class Launcher:
         self.run_dir = cfg.run.dir
         self.children: list[Child] = []
         self.failure: str | None = None
+        self._external: dict[str, str] = {}  # addresses of services started elsewhere
         self.stop = threading.Event()
         self._shutdown_lock = threading.Lock()
 
@@ -107,18 +108,24 @@ class Launcher:
         return max(1, (os.cpu_count() or 2) // 2)
 
     def start_services(self) -> dict[str, str]:
+        self.spawn_services()
+        return self.await_addresses()
+
+    def spawn_services(self) -> None:
+        """Starts every local service (they load in parallel) and returns at once; await_addresses()
+        then waits for their ports. Addresses of services started elsewhere are kept for it."""
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         services_dir = self.run_dir / "services"
         services_dir.mkdir(parents=True, exist_ok=True)
         for stale in [*services_dir.glob("*.json"), *services_dir.glob("*.load-error")]:
             stale.unlink()
-        addresses = {}
         # First: the rollout reads the environment's address from the config.
         if self.cfg.env.name and not self.cfg.env.address:
             self.cfg.env.address = self._start_environment()
             print(f"rlfleet: environment {self.cfg.env.name}@{self.cfg.env.address}", flush=True)
         config_path = self.run_dir / "config.yaml"
         config_path.write_text(self.cfg.to_yaml())
+        addresses = self._external = {}
         for role in ROLES:
             endpoint = getattr(self.cfg, role)
             if role == "rollout" and (endpoint.address or endpoint.addresses):
@@ -136,6 +143,10 @@ class Launcher:
             self._spawn(role, config_path, role, 0)
         # Watched from the start: one that fails while loading stops the run while others still load.
         threading.Thread(target=self._watch, name="child-watch", daemon=True).start()
+
+    def await_addresses(self) -> dict[str, str]:
+        """Every service's address: those started elsewhere, then each local one once it bound its port."""
+        addresses = dict(self._external)
         for child in self.children:
             if child.role != "env":
                 addresses[child.role] = self._await_announce(child)
@@ -294,7 +305,7 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
 
 
 def run_job(cfg: JobConfig) -> dict[str, Any]:
-    from controller.main import prompt_length_limit, run_controller
+    from controller.main import prepare_data, prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
     from rlfleet.models.resolve import resolve_model_path
 
@@ -322,9 +333,11 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
 
     with StopOnSignal(launcher.stop, on_first=stop_services_once_checkpointed) as signals:
         try:
-            addresses = launcher.start_services()
+            launcher.spawn_services()
+            data = prepare_data(cfg)  # the prompts are read while the services load
+            addresses = launcher.await_addresses()
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
-            summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive,
+            summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive, data=data,
                                      on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
                                                              flush=True))
         except RlfleetError:

@@ -10,7 +10,6 @@ import structlog
 
 from rlfleet.config import JobConfig, LearnerConfig
 from rlfleet.app.gpu_plan import plan_learner, plan_rollout
-from rlfleet.devices import resolve_device, resolve_dtype
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import run_service
 
@@ -31,6 +30,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
+        from rlfleet.devices import resolve_device, resolve_dtype
+
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner
@@ -58,7 +59,7 @@ def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
         servicer.attach(build_scorer(cfg.reward, cfg.controller.connect_timeout_s, security))
 
     run_service("reward", cfg, cfg.reward, [SERVICE_NAME], reward_pb2_grpc.add_RewardServicer_to_server,
-                servicer, load, name=name, security=security)
+                servicer, load, name=name, security=security, uses_torch=bool(cfg.reward.model.path))
 
 
 def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None:
@@ -80,6 +81,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         checks.adopt(os.environ.get(VERDICTS_ENV, "[]"))
         # First, so a damaged or missing checkpoint is reported before a model load of minutes.
         checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from, checks)
+        from rlfleet.devices import resolve_device, resolve_dtype
+
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
         import torch

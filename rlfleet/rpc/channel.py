@@ -58,18 +58,31 @@ REPORT_EVERY_S = 5.0
 
 
 def wait_until_serving(address: str, role: str, timeout_s: float, alive: callable = lambda: True,
-                       security: Security | None = None,
-                       report_every_s: float = REPORT_EVERY_S) -> grpc.Channel:
-    """Polls the health service until it says SERVING; says every `report_every_s` (on stderr and in
-    the log) which role it waits for, where, and the last error; raises ServiceUnavailable naming
-    the same."""
+                       security: Security | None = None, report_every_s: float = REPORT_EVERY_S,
+                       check_every_s: float = 1.0) -> grpc.Channel:
+    """Waits until the health service says SERVING; says every `report_every_s` (on stderr and in the
+    log) which role it waits for, where, and the last error; raises ServiceUnavailable naming the same.
+
+    Watches the health status (a server stream) rather than polling it, so the wait ends the moment
+    the service flips to SERVING; each watch lasts `check_every_s` at most, so that `alive()` (is the
+    run still worth waiting for) is asked, and the reason for waiting checked, that often."""
     channel = open_channel(address, security)
+    stub = health_pb2_grpc.HealthStub(channel)
     start = time.monotonic()
     deadline = start + timeout_s
     next_report = start + min(report_every_s, 3.0)  # the first one soon, the others every few seconds
-    status, why = "UNREACHABLE", "no answer yet"
-    while time.monotonic() < deadline:
-        status, why = health_check(channel)
+    why = "no answer yet"
+    while (remaining := deadline - time.monotonic()) > 0:
+        stream = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=min(check_every_s, remaining),
+                            wait_for_ready=True)  # waits for the port to accept, no retry loop of ours
+        try:
+            for reply in stream:
+                if health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status) == "SERVING":
+                    stream.cancel()
+                    return channel
+        except grpc.RpcError:
+            pass  # the watch ended (its deadline, or refused): ask why below
+        status, why = health_check(channel, timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
         if status == "SERVING":
             return channel
         if not alive():
@@ -81,7 +94,8 @@ def wait_until_serving(address: str, role: str, timeout_s: float, alive: callabl
             log.info("waiting for a service", role=role, address=address, last_error=why,
                      waited_s=round(now - start, 1), timeout_s=timeout_s)
             next_report = now + report_every_s
-        time.sleep(0.2)
+        if status == "UNREACHABLE":
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))  # refused at once: no busy loop
     channel.close()
     waited_s = time.monotonic() - start
     raise ServiceUnavailable(f"{role} service at {address} is not serving after {waited_s:.0f}s of "

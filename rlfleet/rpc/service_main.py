@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-import torch
 
 from rlfleet.config import JobConfig, ServiceEndpointConfig
 from rlfleet.errors import CheckpointError, ConfigError, DataError
@@ -106,13 +105,17 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
                 add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None,
                 security: Security | None = None,
-                on_serving: Callable[[ServiceServer], None] | None = None) -> None:
+                on_serving: Callable[[ServiceServer], None] | None = None, uses_torch: bool = True) -> None:
     """`servicer` must have `attach(core)`; `load()` builds the core and attaches it. `security`: the
     server's TLS and token (default: built from cfg.security and cfg.limits). `on_serving(server)` runs
-    once it serves (a rollout joining a running job's fleet); an error there stops the server."""
+    once it serves (a rollout joining a running job's fleet); an error there stops the server.
+    `uses_torch`: False for a service that does no tensor work (the reward service without a reward
+    model), which then never imports torch (~250 MB and a second of start-up)."""
     name = name or role
     setup_logging(name, cfg.run.log_level, cfg.run.dir / "logs" / f"{name}.log", run=cfg.run.name)
-    if cfg.run.threads_per_service:
+    if cfg.run.threads_per_service and uses_torch:
+        import torch
+
         torch.set_num_threads(cfg.run.threads_per_service)
     metrics: ServiceMetrics = servicer.metrics
     if role != "reward":  # every line says which policy version the service holds when it is logged

@@ -16,8 +16,9 @@ def build_own_scorer(cfg: RewardConfig):
         device = resolve_device(cfg.model.device, prefer_index=2)
         return RewardModel(cfg.model.path, device, resolve_dtype(cfg.model.dtype, device),
                            cfg.model.batch_size, cfg.model.max_length)
-    from services.reward.isolation import IsolatedScorer
-    return IsolatedScorer(cfg.fn, workers=cfg.fn_workers, item_timeout_s=cfg.fn_timeout_s)
+    from services.reward.placement import PlacedScorer
+    return PlacedScorer(cfg.fn, isolation=cfg.fn_isolation, workers=cfg.fn_workers,
+                        item_timeout_s=cfg.fn_timeout_s)
 
 
 def build_scorer(cfg: RewardConfig, connect_timeout_s: float = 60.0, security: Security | None = None):

@@ -48,12 +48,21 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _score_in_worker(fn: str, params: dict[str, Any], item: ScoreItem) -> ScoreResult:
+def _worker_scorer(fn: str, params: dict[str, Any]) -> RewardScorer:
     key = (fn, repr(sorted(params.items())))
     scorer = _worker_scorers.get(key)
     if scorer is None:
         scorer = _worker_scorers[key] = RewardScorer(fn, params)
-    return scorer.score_one(item)
+    return scorer
+
+
+def _load_in_worker(fn: str, params: dict[str, Any]) -> int:
+    _worker_scorer(fn, params)
+    return os.getpid()
+
+
+def _score_in_worker(fn: str, params: dict[str, Any], item: ScoreItem) -> ScoreResult:
+    return _worker_scorer(fn, params).score_one(item)
 
 
 class IsolatedScorer:
@@ -79,6 +88,13 @@ class IsolatedScorer:
         while not self._started.empty():
             pids.add(self._started.get())
         return pids
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Starts every worker and loads the function in it now (with the service), not at the first
+        call: one task per worker, each submit spawning one process while none is idle."""
+        futures = [self._pool.submit(_load_in_worker, self.fn, self.params) for _ in range(self.workers)]
+        for future in futures:
+            future.result(timeout=timeout_s)
 
     def _replace_pool(self) -> None:
         """A fresh pool; the old one's workers are killed (one may be stuck in an item for good)."""

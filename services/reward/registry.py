@@ -60,6 +60,21 @@ def builtin_names_by_source() -> dict[str, str]:
     }
 
 
+# Built-ins whose every call ends soon by construction (regexes of fixed shape, arithmetic; `code` runs
+# the program in its own sandboxed subprocess with a deadline): safe to call in the reward service's own
+# process. `math` is not: sympy simplification has no deadline there (math-verify's SIGALRM timeouts
+# work only on a main thread), and `regex_match` runs a pattern from the config.
+BOUNDED_BUILTINS = ("digits", "gsm8k", "gsm8k_flexible", "gsm8k_lenient", "arithmetic", "exact_match",
+                    "format", "length_penalty", "code")
+
+
+def is_bounded_builtin(fn: RewardFn) -> bool:
+    """`fn` (possibly with params bound by load_function) is one of BOUNDED_BUILTINS."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    named = named_functions()
+    return any(target is named[name] for name in BOUNDED_BUILTINS)
+
+
 def builtin_functions() -> dict[str, RewardFn]:
     """Built-in rewards by data_source, which `auto` picks from."""
     named = named_functions()

@@ -156,3 +156,27 @@ def test_layout_and_header_round_trip() -> None:
     assert pushed.version == 11 and pushed.buckets[2].checksum == (2, 3) and pushed.entries is layout.entries
     with pytest.raises(WeightSyncError):
         decode_header(words[:-1])
+
+
+def _reference_checksum(data: bytes) -> tuple[int, int]:
+    """The definition, word by word in Python: s1 = sum(w_i), s2 = sum(w_i * (i mod 65521 + 1)) over the
+    little-endian int16 words, an odd last byte folded in at the next position, both mod 2**61 - 1."""
+    s1 = s2 = 0
+    n2 = len(data) // 2 * 2
+    for i in range(0, n2, 2):
+        w = int.from_bytes(data[i:i + 2], "little", signed=True)
+        s1 += w
+        s2 += w * ((i // 2) % 65521 + 1)
+    if n2 < len(data):
+        s1 += data[-1]
+        s2 += data[-1] * ((n2 // 2) % 65521 + 1)
+    return s1 % ((1 << 61) - 1), s2 % ((1 << 61) - 1)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 7, 65522, 140001])
+def test_checksum_equals_its_definition_including_extreme_words(numel: int) -> None:
+    g = torch.Generator().manual_seed(numel)
+    raw = torch.randint(0, 256, (numel,), dtype=torch.uint8, generator=g)
+    raw[: min(numel, 8)] = torch.tensor([0x00, 0x80, 0xFF, 0x7F, 0x00, 0x80, 0xFF, 0x7F][: min(numel, 8)],
+                                        dtype=torch.uint8)  # -32768 and 32767: the largest products
+    assert checksum(raw) == _reference_checksum(bytes(raw.tolist()))

@@ -1,0 +1,43 @@
+"""The controller scores every generated group waiting in one Score call (issue 26: one reward round
+trip per step rather than one per group), and each group gets its own items' results back."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rlfleet.types import ScoreResult
+from tests.unit.test_loop_recovery import Faults, FakeReward, make_loop, run_loop
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+
+class SlowFirstReward(FakeReward):
+    """Scores an item by its prompt ("p7" -> 7.0), and takes its time on the first call so that the
+    groups generated meanwhile wait together."""
+
+    def __init__(self, faults: Faults) -> None:
+        super().__init__(faults)
+        self.sizes: list[int] = []
+
+    def score(self, items):
+        self.sizes.append(len(items))
+        if len(self.sizes) == 1:
+            time.sleep(0.3)
+        return [ScoreResult(item.id, float(item.prompt[1:])) for item in items]
+
+
+def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_path) -> None:
+    loop, learner = make_loop(tmp_path, Faults(), staleness=1, steps=4)
+    reward = SlowFirstReward(Faults())
+    loop.reward = reward
+    assert run_loop(loop) is None
+    groups = sum(reward.sizes) // 4  # rollout.n = 4
+    # fewer calls than groups: some calls held several groups
+    assert len(reward.sizes) < groups and max(reward.sizes) > 4, reward.sizes
+    samples = [json.loads(line) for line in (tmp_path / "samples" / "train.jsonl").read_text().splitlines()]
+    assert samples
+    for sample in samples:  # each sample got its own group's results back, not a neighbour's
+        assert sample["reward"] == float(sample["prompt_index"]), sample
+    assert learner.trained_steps == [1, 2, 3, 4]
