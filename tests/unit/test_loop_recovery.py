@@ -236,11 +236,13 @@ def test_reward_failure_counts_failed_items_and_whole_failed_groups(tmp_path):
     loop, _ = make_loop(tmp_path, faults, staleness=0, steps=2)
     original = loop.reward.score
 
-    def score(items):  # every sample of the second group gets no reward: it is dropped as unusable
+    def score(items):  # every sample of one group of the second call gets no reward: dropped as unusable
         results = original(items)
         if loop.reward.calls != 2:
             return results
-        return [ScoreResult(r.id, 0.0, ok=False, error="reward function failed") for r in results]
+        group = items[0].id.rsplit("/", 1)[0]  # a call may score several groups (batched scoring)
+        return [ScoreResult(r.id, 0.0, ok=False, error="reward function failed")
+                if r.id.startswith(group + "/") else r for r in results]
 
     loop.reward.score = score
     assert run_loop(loop) is None
