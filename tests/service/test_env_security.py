@@ -14,7 +14,7 @@ import yaml
 from rlfleet.app.env_check import FAIL, check_server
 from rlfleet.app.env_sdk import Environment, Step, serve
 from rlfleet.config import EnvConfig, RolloutConfig
-from rlfleet.env.types import EpisodeRow
+from rlfleet.env.types import Action, EpisodeRow
 from rlfleet.models.tiny import ensure_tiny_model
 from rlfleet.rpc.channel import health_status, open_channel
 from rlfleet.rpc.security import Security
@@ -110,8 +110,12 @@ def test_env_serve_takes_tls_and_token_from_the_config(pki: Pki, tmp_path):
         assert (refused.ok, refused.failure) == (False, "rpc_error") and "UNAUTHENTICATED" in refused.error
         client = EnvClient(address, timeout_s=5.0, security=with_token)
         [started], _ = client.start([EpisodeRow("e2", ground_truth="1274")])
-        client.close()
         assert started.ok and not started.done
+        # env.params of the config reached the game: a second wrong try is not its last (max_tries=3)
+        for turn in (1, 2):
+            [wrong], _ = client.step([Action("e2", "0000", turn=turn)])
+            assert wrong.ok and not wrong.done, turn
+        client.close()
 
         def check() -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "rlfleet.app.cli", "env", "check", address,
