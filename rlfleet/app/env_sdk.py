@@ -48,7 +48,9 @@ class EnvServer:
     """A running environment server; `address` is host:port as bound (port 0 picks a free one)."""
 
     def __init__(self, env: Environment | str, host: str, port: int, params: dict[str, Any] | None,
-                 max_workers: int, security=None):
+                 max_workers: int, security=None, handle_signals: bool = False):
+        """`handle_signals`: SIGTERM and SIGINT stop it gracefully, from before it says SERVING (a
+        supervisor that stops it as soon as it is healthy must not kill it instead); main thread only."""
         from environments.registry import load_environment
         from environments.servicer import SERVICE_NAME, EnvironmentServicer
         from rlfleet.proto.v1 import environment_pb2_grpc
@@ -59,6 +61,8 @@ class EnvServer:
         self._server = ServiceServer([SERVICE_NAME], host, port, max_workers=max_workers, security=security,
                                      on_refused=_log_refused)
         self._server.add(environment_pb2_grpc.add_EnvironmentServicer_to_server, self.servicer)
+        if handle_signals:
+            self._server.install_signal_handlers()
         self._server.start()
         self._server.mark_serving()
 
@@ -96,7 +100,7 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
     at once (`server.address`, `server.stop()`). `announce`: a file the address is written to (JSON).
     `security`: TLS and bearer token (`rlfleet.rpc.security.Security.from_config(cfg.security)`);
     None: plain gRPC."""
-    server = EnvServer(env, host, port, params, max_workers, security)
+    server = EnvServer(env, host, port, params, max_workers, security, handle_signals=block)
     if announce is not None:
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(json.dumps({"address": server.address, "role": "env", "pid": os.getpid()}))
@@ -106,7 +110,6 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
 
         if os.environ.get(PARENT_PID_ENV):  # started by `rlfleet run`: no orphan if it is killed
             stop_when_parent_exits(server._server, int(os.environ[PARENT_PID_ENV]))
-        server._server.install_signal_handlers()
         print(f"rlfleet environment server: serving on {server.address}", flush=True)
         server.wait()
         server.servicer.close()
