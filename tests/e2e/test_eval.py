@@ -118,3 +118,14 @@ def test_eval_plays_episodes_of_the_builtin_game(tmp_path):
     assert row[header.index("turns")] == "1.33" and row[header.index("tools")] == "0.00"
     # the game's reward, where it gave one; the data_source's rule otherwise
     assert ours["rule"] == "env digits_game, else digits"
+
+
+def test_eval_with_an_unreachable_environment_says_where(tmp_path):
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(fixture_rows()[:2]), data)
+    report = tmp_path / "r.json"
+    proc = rlfleet("eval", "--model", "builtin:tiny", "--data", str(data), "--output", str(report),
+                   "env.address=127.0.0.1:1", "controller.connect_timeout_s=1", timeout=120)
+    assert proc.returncode != 0
+    assert "environment service at 127.0.0.1:1 is not serving" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not report.exists()
