@@ -333,8 +333,10 @@ def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None
     if not cfg.env.address:
         return None
     from rlfleet.rpc.channel import health_status, open_channel
+    from rlfleet.rpc.security import Security
 
-    channel = open_channel(cfg.env.address)
+    # health needs no token, but a server with TLS answers only a TLS channel
+    channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits))
     return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
                      on_change=lambda state, fields: note("env_outage" if state == "outage" else "env_back",
                                                           **fields))

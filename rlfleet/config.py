@@ -138,8 +138,8 @@ class EnvConfig(Section):
                                 "(rlfleet.v1.Environment, any language); set, every sample is an episode")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of env.name's "
                                    "constructor, e.g. {max_tries: 3}")
-    port: int = Field(0, ge=0, le=65535, description="port `rlfleet run` serves env.name on; 0 picks a "
-                      "free one")
+    port: int = Field(0, ge=0, le=65535, description="port `rlfleet run`, `rlfleet eval` and `rlfleet env "
+                      "serve --config` serve env.name on; 0 picks a free one")
     timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="deadline of one call (a batch of "
                              "episodes' turns); a late call fails its episodes (env/failed/timeout)")
     batch_size: int = Field(64, ge=1, le=4096, description="episodes per call to the environment")

@@ -44,11 +44,12 @@ class Failed(Exception):
 
 class EnvContractChecker:
     def __init__(self, address: str, timeout_s: float = 10.0, row: dict | None = None,
-                 actions: list[str] | None = None):
+                 actions: list[str] | None = None, security=None):
+        """`security`: TLS and bearer token to reach a secured server (rlfleet.rpc.security.Security)."""
         self.address, self.timeout_s = address, timeout_s
         self.row = row or DEFAULT_ROW
         self.actions = actions or DEFAULT_ACTIONS
-        self.channel = open_channel(address)
+        self.channel = open_channel(address, security)
         self.stub = environment_pb2_grpc.EnvironmentStub(self.channel)
         self._ids = 0
 
@@ -291,8 +292,8 @@ def format_table(address: str, checks: list[Check]) -> str:
 
 
 def check_server(address: str, timeout_s: float = 10.0, row: dict | None = None,
-                 actions: list[str] | None = None) -> list[Check]:
-    checker = EnvContractChecker(address, timeout_s, row, actions)
+                 actions: list[str] | None = None, security=None) -> list[Check]:
+    checker = EnvContractChecker(address, timeout_s, row, actions, security)
     try:
         return checker.run()
     finally:

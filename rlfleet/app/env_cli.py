@@ -19,6 +19,8 @@ def add_env_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--action", action="append", default=[], metavar="TEXT",
                        help="a model turn to play; repeatable, played in order and cycled (default: a "
                        "calculator tool call, then an answer)")
+    check.add_argument("--config", "-c", help="job YAML whose `security` (TLS, bearer token) reaches a "
+                       "secured server")
     from rlfleet.app.env_sdk import build_parser
     build_parser(commands.add_parser("serve", help="serve a built-in environment or pkg.module:Class "
                                      "(health and reflection included)"))
@@ -30,6 +32,13 @@ def run_env_command(args: argparse.Namespace) -> int:
         serve_from_args(args)
         return 0
     from rlfleet.app.env_check import FAIL, check_server, format_table, parse_row
-    checks = check_server(args.address, args.timeout, parse_row(args.row), args.action or None)
+    security = None
+    if args.config:
+        from rlfleet.config import load_config
+        from rlfleet.rpc.security import Security
+
+        cfg = load_config(args.config)
+        security = Security.from_config(cfg.security, cfg.limits)
+    checks = check_server(args.address, args.timeout, parse_row(args.row), args.action or None, security)
     print(format_table(args.address, checks), flush=True)
     return 1 if any(c.result == FAIL for c in checks) else 0

@@ -23,7 +23,8 @@ built in: one result per episode in order, episode states kept by id, an excepti
 It also serves `grpc.health.v1` (SERVING once started) and server reflection.
 
 From a shell: `rlfleet env serve NAME|pkg.module:Class --port 50061` (built-ins: calculator,
-python, digits_game).
+python, digits_game); `--config job.yaml` serves it with the job's `security` (TLS, bearer token)
+and `limits`, as the job's other services, and takes env.name, env.port and env.params from it.
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ class EnvServer:
     """A running environment server; `address` is host:port as bound (port 0 picks a free one)."""
 
     def __init__(self, env: Environment | str, host: str, port: int, params: dict[str, Any] | None,
-                 max_workers: int, security=None):
+                 max_workers: int, security=None, handle_signals: bool = False):
+        """`handle_signals`: SIGTERM and SIGINT stop it gracefully, from before it says SERVING (a
+        supervisor that stops it as soon as it is healthy must not kill it instead); main thread only."""
         from environments.registry import load_environment
         from environments.servicer import SERVICE_NAME, EnvironmentServicer
         from rlfleet.proto.v1 import environment_pb2_grpc
@@ -55,8 +58,11 @@ class EnvServer:
 
         env = load_environment(env, params) if isinstance(env, str) else env
         self.servicer = EnvironmentServicer(env, workers=max_workers)
-        self._server = ServiceServer([SERVICE_NAME], host, port, max_workers=max_workers, security=security)
+        self._server = ServiceServer([SERVICE_NAME], host, port, max_workers=max_workers, security=security,
+                                     on_refused=_log_refused)
         self._server.add(environment_pb2_grpc.add_EnvironmentServicer_to_server, self.servicer)
+        if handle_signals:
+            self._server.install_signal_handlers()
         self._server.start()
         self._server.mark_serving()
 
@@ -78,14 +84,23 @@ class EnvServer:
         self.stop(grace_s=1.0)
 
 
+def _log_refused(method: str, reason: str) -> None:
+    import structlog
+
+    structlog.get_logger(__name__).warning("refused a call: it must carry the job's security.token",
+                                           method=method, reason=reason)
+
+
 def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
           params: dict[str, Any] | None = None, max_workers: int = 8, block: bool = True,
           announce: Path | None = None, security=None) -> EnvServer:
     """Serves `env` (an Environment, a built-in name or 'pkg.module:Class').
 
     `block=True` (the default) serves until SIGTERM or Ctrl-C; `block=False` returns the running server
-    at once (`server.address`, `server.stop()`). `announce`: a file the address is written to (JSON)."""
-    server = EnvServer(env, host, port, params, max_workers, security)
+    at once (`server.address`, `server.stop()`). `announce`: a file the address is written to (JSON).
+    `security`: TLS and bearer token (`rlfleet.rpc.security.Security.from_config(cfg.security)`);
+    None: plain gRPC."""
+    server = EnvServer(env, host, port, params, max_workers, security, handle_signals=block)
     if announce is not None:
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(json.dumps({"address": server.address, "role": "env", "pid": os.getpid()}))
@@ -95,7 +110,6 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
 
         if os.environ.get(PARENT_PID_ENV):  # started by `rlfleet run`: no orphan if it is killed
             stop_when_parent_exits(server._server, int(os.environ[PARENT_PID_ENV]))
-        server._server.install_signal_handlers()
         print(f"rlfleet environment server: serving on {server.address}", flush=True)
         server.wait()
         server.servicer.close()
@@ -104,13 +118,20 @@ def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="rlfleet env serve")
-    parser.add_argument("environment", help="a built-in environment (calculator, python, digits_game) or "
-                        "pkg.module:Class")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    parser.add_argument("environment", nargs="?", default=None,
+                        help="a built-in environment (calculator, python, digits_game) or pkg.module:Class; "
+                        "default: env.name of the config")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=None, help="default: env.port of the config; 0 picks a "
+                        "free port (printed on stdout)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="keyword argument of the environment's constructor (value parsed as YAML); "
-                        "repeatable")
+                        "repeatable; added to env.params of the config")
+    parser.add_argument("--config", "-c", help="job YAML: its `security` (TLS, mutual TLS, bearer token) and "
+                        "`limits` are served with, as by the job's other services; env.name, env.port and "
+                        "env.params are the defaults of the options above")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides "
+                        "(security.token_file=F …)")
     parser.add_argument("--announce", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -128,11 +149,26 @@ def parse_params(raw: list[str]) -> dict[str, Any]:
 
 
 def serve_from_args(args: argparse.Namespace) -> None:
+    from rlfleet.config import load_config
+    from rlfleet.errors import ConfigError
     from rlfleet.logging import setup_logging
+    from rlfleet.rpc.security import Security
 
+    overrides = list(args.overrides)
+    # `rlfleet env serve security.token_file=F` (the name from the config): a dotted override fills
+    # the optional positional first; no environment's name or import path holds a "=".
+    if args.environment is not None and "=" in args.environment:
+        overrides.insert(0, args.environment)
+        args.environment = None
+    cfg = load_config(args.config, overrides)
+    name = args.environment or cfg.env.name
+    if not name:
+        raise ConfigError("rlfleet env serve needs an environment: NAME (calculator, python, digits_game, "
+                          "pkg.module:Class) or env.name in the config")
+    security = Security.from_config(cfg.security, cfg.limits)  # bad TLS files are named before binding
     setup_logging("env", "info", None)
-    serve(args.environment, port=args.port, host=args.host, params=parse_params(args.param),
-          announce=args.announce)
+    serve(name, port=cfg.env.port if args.port is None else args.port, host=args.host,
+          params={**cfg.env.params, **parse_params(args.param)}, announce=args.announce, security=security)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,19 @@ Options not given on the command line come from the job config (`--config`
 and dotted overrides): `model.dtype`, `rollout.device|top_p|top_k|stop|
 max_new_tokens|max_batch_sequences`, `data.prompt_key|max_prompt_length`,
 `reward.fn`, `run.seed`.
+
+With an environment (`env.name` or `env.address`, docs/environments.md) every sample is an episode
+played by the rollout's agent loop, as in training and its validation: `env.address` is connected
+to, `env.name` is served in this process for the evaluation's length (on `env.port`, 0: a free
+one), both with the job's `security` (TLS, bearer token). The report adds turns and tool calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlfleet.config import BUILTIN_MODEL
@@ -122,7 +129,16 @@ def reward_scorer(cfg):
 
 def reward_rules(cfg, data_sources) -> dict[str, str]:
     """The rule each data_source was scored by, for the report: a built-in's name and what it reads,
-    a user function's import path, the reward model, or the combined reward.sources."""
+    a user function's import path, the reward model, or the combined reward.sources; with an
+    environment, its reward first."""
+    rules = _reward_rules(cfg, data_sources)
+    if cfg.env.enabled:  # an episode the environment rewarded keeps that reward (rlfleet/eval/runner.py)
+        env = cfg.env.name or cfg.env.address
+        return {src: f"env {env}, else {rule}" for src, rule in rules.items()}
+    return rules
+
+
+def _reward_rules(cfg, data_sources) -> dict[str, str]:
     if cfg.reward.sources:
         rule = "reward.sources: " + ", ".join(s.name for s in cfg.reward.sources)
         return dict.fromkeys(data_sources, rule)
@@ -131,6 +147,29 @@ def reward_rules(cfg, data_sources) -> dict[str, str]:
     from services.reward.registry import rule_label
 
     return {src: rule_label(cfg.reward.fn, src) for src in data_sources}
+
+
+@contextlib.contextmanager
+def environment_address(cfg, security) -> Iterator[str]:
+    """The address of the job's environment server while the evaluation runs: env.address once it
+    answers SERVING, else env.name served here (as `rlfleet run` serves it, with the same security)."""
+    from rlfleet.rpc.channel import wait_until_serving
+
+    env = cfg.env
+    if env.address:
+        wait_until_serving(env.address, "environment", cfg.controller.connect_timeout_s,
+                           security=security).close()
+        yield env.address
+        return
+    from rlfleet.app.env_sdk import EnvServer
+
+    server = EnvServer(env.name, "127.0.0.1", env.port, env.params, max_workers=env.max_concurrency + 4,
+                       security=security)
+    try:
+        print(f"rlfleet: environment {env.name}@{server.address}", flush=True)
+        yield server.address
+    finally:
+        server.stop(grace_s=1.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,15 +188,28 @@ def run(args: argparse.Namespace) -> int:
     from rlfleet.eval.runner import run_eval
     from rlfleet.eval.scoring import summarize
     from rlfleet.models.context import resolve_prompt_length
+    from rlfleet.rpc.security import Security
     from services.rollout.engines.hf import HFEngine
 
+    security = Security.from_config(cfg.security, cfg.limits)
     scorer = reward_scorer(cfg)  # a bad reward.fn fails before the policy loads
-    try:
+    with contextlib.ExitStack() as stack:
+        if hasattr(scorer, "close"):
+            stack.callback(scorer.close)
+        env_address = stack.enter_context(environment_address(cfg, security)) if cfg.env.enabled else None
         device = resolve_device(cfg.rollout.device)
         engine = HFEngine(
             model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences,
             cfg.rollout.hf_decode, cfg.rollout.cuda_graphs,
         )
+        generate = engine.generate
+        if env_address is not None:  # every sample an episode, played by the rollout's agent loop
+            from services.rollout.agent_loop import build_agent
+
+            agent = build_agent(engine, cfg.rollout, cfg.env.model_copy(update={"address": env_address}),
+                                security)
+            stack.callback(agent.env.close)
+            generate = agent.generate
         max_prompt = resolve_prompt_length(
             cfg.data.max_prompt_length, params.max_new_tokens, model_path, str(model_path),
             new_tokens_key="--max-new-tokens" if args.max_new_tokens else "rollout.max_new_tokens",
@@ -173,15 +225,13 @@ def run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         samples = run_eval(
             prompts,
-            engine.generate,
+            generate,
             scorer.score,
             params,
             prompts_per_request=max(1, cfg.rollout.max_batch_sequences // params.n),
             progress=True,
+            episodes=env_address is not None,
         )
-    finally:
-        if hasattr(scorer, "close"):
-            scorer.close()
     summary = summarize(samples, params.n, args.correct_at)
     for src, rule in reward_rules(cfg, list(summary["by_source"])).items():
         summary["by_source"][src]["rule"] = rule
@@ -199,6 +249,9 @@ def run(args: argparse.Namespace) -> int:
         },
         "seconds": round(time.perf_counter() - start, 3),
     }
+    if cfg.env.enabled:
+        meta["env"] = {"name": cfg.env.name, "address": cfg.env.address or env_address,
+                       "max_turns": cfg.rollout.max_turns}
     report, samples_path = write_report(args.output, summary, samples, meta)
     print(format_table(summary))
     print(f"rlfleet: report {report}, samples {samples_path}")

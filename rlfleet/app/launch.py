@@ -119,11 +119,12 @@ class Launcher:
         services_dir.mkdir(parents=True, exist_ok=True)
         for stale in [*services_dir.glob("*.json"), *services_dir.glob("*.load-error")]:
             stale.unlink()
+        config_path = self.run_dir / "config.yaml"
         # First: the rollout reads the environment's address from the config.
         if self.cfg.env.name and not self.cfg.env.address:
-            self.cfg.env.address = self._start_environment()
+            config_path.write_text(self.cfg.to_yaml())  # the environment server's security and limits
+            self.cfg.env.address = self._start_environment(config_path)
             print(f"rlfleet: environment {self.cfg.env.name}@{self.cfg.env.address}", flush=True)
-        config_path = self.run_dir / "config.yaml"
         config_path.write_text(self.cfg.to_yaml())
         addresses = self._external = {}
         for role in ROLES:
@@ -169,18 +170,16 @@ class Launcher:
                                 start_new_session=True)  # Ctrl-C reaches us only; we stop them
         self.children.append(Child(name, proc, stderr_path, cmd=cmd, env=env, run_dir=self.run_dir))
 
-    def _start_environment(self) -> str:
-        """Serves env.name in a process of its own (supervised like the services). Its port is chosen
-        here, so a restarted environment server is found where the rollout already looks."""
-        import yaml
-
+    def _start_environment(self, config_path: Path) -> str:
+        """Serves env.name in a process of its own (supervised like the services), with the job's
+        security and limits and env.params from `config_path`. Its port is chosen here, so a
+        restarted environment server is found where the rollout already looks."""
         env = self.cfg.env
         port = env.port or free_port(env_host := "127.0.0.1")
         stderr_path = self.run_dir / "logs" / "env.stderr"
         cmd = [sys.executable, "-m", "rlfleet.app.cli", "env", "serve", env.name, "--host", env_host,
-               "--port", str(port), "--announce", str(self.run_dir / "services" / "env.json")]
-        for key, value in env.params.items():
-            cmd += ["--param", f"{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"]
+               "--port", str(port), "--config", str(config_path),
+               "--announce", str(self.run_dir / "services" / "env.json")]
         child_env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=child_env,
                                 start_new_session=True)

@@ -36,7 +36,9 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner
         engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, rollout_cfg, cfg.run.seed)
-        servicer.attach(engine, build_agent(engine, rollout_cfg, cfg.env) if cfg.env.enabled else None)
+        # the environment server is reached with the job's TLS and token, as the other services are
+        agent = build_agent(engine, rollout_cfg, cfg.env, security) if cfg.env.enabled else None
+        servicer.attach(engine, agent)
 
     on_serving = None
     if join:

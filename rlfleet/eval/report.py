@@ -22,12 +22,16 @@ def _cell(value: Any, width: int, digits: int = 4) -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     """One row per data_source and one for all of them: prompts, samples, accuracy, pass@k,
-    mean reward, mean response length (tokens), reward failures, and the reward rule a data_source
-    was scored by when the summary names it (accuracies under different rules are not comparable)."""
+    mean reward, mean response length (tokens), reward failures, with episodes the mean turns and
+    tool calls per episode, and the reward rule a data_source was scored by when the summary names
+    it (accuracies under different rules are not comparable)."""
     ks = summary["ks"]
     names = [*summary["by_source"], "all"]
     first = max(len("data_source"), *(len(n) for n in names))
+    episodes = "turns_mean" in summary["overall"]
     cols = ["prompts", "samples", "accuracy", *(f"pass@{k}" for k in ks), "reward", "length", "failed"]
+    if episodes:
+        cols += ["turns", "tools"]
     lines = ["data_source".ljust(first) + "".join(c.rjust(10) for c in cols)]
     if any(s.get("rule") for s in summary["by_source"].values()):
         lines[0] += "  rule"
@@ -39,6 +43,7 @@ def format_table(summary: dict[str, Any]) -> str:
             + "".join(_cell(v, 10) for v in values)
             + _cell(s["response_length_mean"], 10, 1)
             + _cell(s["reward_failed"], 10)
+            + (_cell(s.get("turns_mean"), 10, 2) + _cell(s.get("tool_calls_mean"), 10, 2) if episodes else "")
             + (f"  {s['rule']}" if s.get("rule") else "")
         )
     return "\n".join(lines)

@@ -58,6 +58,9 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
             policy_version=c.policy_version,
             reward=r.score if r.ok else None,
             error=r.error,
+            turns=len(c.turns),
+            tool_calls=sum(t.tool_calls for t in c.turns),
+            tool_errors=sum(t.tool_errors for t in c.turns),
         )
         for i, (c, r) in enumerate(zip(group.completions, results))
     ]

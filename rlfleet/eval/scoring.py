@@ -29,6 +29,11 @@ class EvalSample:
     policy_version: int
     reward: float | None  # None: the reward could not be computed
     error: str = ""
+    # Multi-turn episodes (an environment): model turns taken, tool calls parsed from them, tool calls
+    # the environment reported as errors. 0 for a single-turn sample.
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
 
     def correct(self, correct_at: float = CORRECT_AT) -> bool:
         return self.reward is not None and self.reward >= correct_at
@@ -70,6 +75,10 @@ def _summarize_group(samples: list[EvalSample], ks: list[int], correct_at: float
             if len(group) >= k
         ]
         summary[f"pass@{k}"] = sum(estimates) / len(estimates) if estimates else None
+    if any(s.turns for s in samples):  # episodes: what the agent loop did, over every episode
+        summary["turns_mean"] = sum(s.turns for s in samples) / len(samples)
+        summary["tool_calls_mean"] = sum(s.tool_calls for s in samples) / len(samples)
+        summary["tool_errors"] = sum(s.tool_errors for s in samples)
     return summary
 
 
@@ -91,7 +100,8 @@ def summarize(samples: list[EvalSample], n: int, correct_at: float = CORRECT_AT)
 
 def flat_metrics(summary: dict[str, Any], prefix: str = "val") -> dict[str, float]:
     """Metric lines for metrics.jsonl: `val/<data_source>/accuracy`, `.../reward/mean`,
-    `.../response_length/mean`, `.../pass@k` (k > 1), and the same over all sources as `val/...`."""
+    `.../response_length/mean`, `.../pass@k` (k > 1), with episodes `.../turns/mean` and
+    `.../tool_calls/mean`, and the same over all sources as `val/...`."""
     out: dict[str, float] = {}
     groups = [(f"{prefix}/{src}", s) for src, s in summary["by_source"].items()]
     groups.append((prefix, summary["overall"]))
@@ -101,6 +111,8 @@ def flat_metrics(summary: dict[str, Any], prefix: str = "val") -> dict[str, floa
             ("reward/mean", s["reward_mean"]),
             ("response_length/mean", s["response_length_mean"]),
             ("reward_failed", float(s["reward_failed"])),
+            ("turns/mean", s.get("turns_mean")),
+            ("tool_calls/mean", s.get("tool_calls_mean")),
         ):
             if value is not None:
                 out[f"{name}/{key}"] = float(value)

@@ -31,6 +31,7 @@ from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action, EpisodeRow, StepResult
 from rlfleet.config import EnvConfig, RolloutConfig
 from rlfleet.errors import ConfigError, InvalidRequest
+from rlfleet.rpc.security import Security
 from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine
 from services.rollout.env_client import EnvClient
@@ -156,8 +157,10 @@ class AgentLoop:
                 yield GroupResult(request_id=request_id, completions=[e.completion() for e in group])
 
 
-def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig) -> AgentLoop:
-    """The agent loop over `engine` against the environment server at env.address."""
+def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig,
+                security: Security | None = None) -> AgentLoop:
+    """The agent loop over `engine` against the environment server at env.address, reached with the
+    job's TLS and bearer token (`security`; None: plain gRPC), as the fleet's own services are."""
     if not env.address:
         raise ConfigError(f"env.name={env.name!r} is served by `rlfleet run`; a rollout started on its own "
                           "needs env.address (serve it with `rlfleet env serve NAME --port P`)")
@@ -166,5 +169,5 @@ def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig) -
     if tokenizer is None or max_context is None:
         raise ConfigError(f"rollout.backend={rollout.backend} exposes no tokenizer or context length: it "
                           "cannot run multi-turn episodes (env.*)")
-    client = EnvClient(env.address, env.timeout_s, env.batch_size, env.max_concurrency)
+    client = EnvClient(env.address, env.timeout_s, env.batch_size, env.max_concurrency, security)
     return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context)

@@ -235,3 +235,28 @@ def test_cpu_override_drops_gpus_and_builds_the_cpu_image():
         assert service["build"]["args"]["DEVICE"] == "cpu"
         assert (REPO / service["build"]["context"]).resolve() == REPO
     _jobs(config)  # the commands are untouched and still parse
+
+
+def test_the_env_profile_serves_the_jobs_environment_where_the_job_points(tmp_path):
+    """`--profile env` adds an environment server that serves env.name of the job file, with its
+    security (`--config`), at the address the job's env.address gives the rollout and controller."""
+    plain = compose_config(COMPOSE, env_file=ENV_FILE)
+    assert "env" not in plain["services"], "the environment server must be opt-in"
+    env_file = _env_variant(tmp_path, RLFLEET_CONFIG="/etc/rlfleet/job-env.yaml")
+    config = compose_config(COMPOSE, env_file=env_file, profiles=("env",))
+    errors = list(jsonschema.Draft7Validator(compose_schema()).iter_errors(config))
+    assert not errors, errors
+    service = config["services"]["env"]
+    args = parse_cli(_rlfleet_argv(service))
+    job = load_job(args, _host_path(service, args.config))
+    assert (args.command, args.env_command, args.environment) == ("env", "serve", None)  # env.name of the job
+    assert job.env.name == "digits_game"
+    assert f"{args.host}:{args.port}" == job.env.address == f"{service['hostname']}:{args.port}"
+    check = parse_cli(service["healthcheck"]["test"][2:])
+    assert check.command == "health" and check.address == job.env.address and check.config == args.config
+    jobs = _jobs(config)
+    for role in ("rollout", "controller"):  # they reach it where it serves
+        assert jobs[role][1].env.address == job.env.address
+    assert not service.get("deploy"), "the environment server takes no GPU"
+    cpu = compose_config(COMPOSE, CPU_OVERRIDE, env_file=env_file, profiles=("env",))
+    assert cpu["services"]["env"]["image"] == "rlfleet:cpu"

@@ -48,7 +48,7 @@ def _instances(instance: str) -> list[str]:
 @pytest.mark.unit
 def test_systemd_analyze_verify_accepts_every_unit(tmp_path):
     install_copies(tmp_path, RLFLEET_BIN)
-    proc = verify(tmp_path, _instances("gsm8k"))
+    proc = verify(tmp_path, [*_instances("gsm8k"), "rlfleet-env@gsm8k.service"])
     assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
 
 
@@ -272,3 +272,60 @@ def test_the_joining_replica_unit_verifies_and_joins_the_controller(tmp_path):
     assert values(unit, "Service", "KillMode") == ["mixed"]  # SIGTERM to rlfleet, which leaves the run
     assert int(values(unit, "Service", "TimeoutStopSec")[0].rstrip("s")) > 60  # the leave's 60 s drain
     assert not values(unit, "Unit", "PartOf")  # not a part of the job's target: it comes and goes alone
+
+
+ENV_UNIT = UNITS / "rlfleet-env@.service"
+
+
+def _env_job(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    env = _env()
+    job = tmp_path / "job.yaml"
+    address = f"{env['RLFLEET_HOST']}:{env['RLFLEET_ENV_PORT']}"
+    job.write_text(f"env: {{name: digits_game, address: '{address}'}}\n")
+    return _env(RLFLEET_CONFIG=str(job)), job
+
+
+@pytest.mark.unit
+def test_the_environment_server_unit_serves_the_jobs_environment_where_it_points(tmp_path):
+    """rlfleet-env@JOB: env.name of the job file, with its security (--config), at the address the
+    job's env.address gives the rollout services; part of the job's target only once enabled."""
+    env, job = _env_job(tmp_path)
+    args = parse_cli(command(ENV_UNIT, "ExecStart", "game", env)[1:])
+    cfg = load_job(args)
+    assert (args.command, args.env_command, args.environment, args.config) == ("env", "serve", None, str(job))
+    assert cfg.env.name == "digits_game"
+    assert f"{args.host}:{args.port}" == cfg.env.address == f"{env['RLFLEET_HOST']}:{env['RLFLEET_ENV_PORT']}"
+    post = parse_cli(command(ENV_UNIT, "ExecStartPost", "game", env)[1:])
+    assert post.command == "health" and post.address == cfg.env.address and post.config == str(job)
+    unit = read_unit(ENV_UNIT)
+    assert values(unit, "Service", "EnvironmentFile") == ["/etc/rlfleet/%i.env"]
+    assert values(unit, "Unit", "PartOf") == ["rlfleet@%i.target"]
+    assert values(unit, "Install", "WantedBy") == ["rlfleet@%i.target"]  # `systemctl enable` adds it
+    target_wants = " ".join(values(read_unit(UNITS / "rlfleet@.target"), "Unit", "Wants"))
+    assert "rlfleet-env@%i.service" not in target_wants  # a job without an environment has none
+    assert values(unit, "Service", "Restart") == ["on-failure"]
+    assert values(unit, "Service", "KillMode") == ["mixed"]
+    assert "rlfleet-env@%i.service" in " ".join(values(read_unit(_unit("controller")), "Unit", "After"))
+
+
+@pytest.mark.e2e
+def test_the_environment_server_units_commands_serve_and_stop(tmp_path):
+    """ExecStart of rlfleet-env@, then its ExecStartPost (which must see SERVING), then SIGTERM."""
+    env, _ = _env_job(tmp_path)
+    env = {**env, "RLFLEET_ENV_PORT": str(_free_port()), "RLFLEET_LOAD_TIMEOUT_S": "60"}
+    argv = {key: [RLFLEET_BIN, *command(ENV_UNIT, key, "game", env)[1:]]
+            for key in ("ExecStart", "ExecStartPost")}
+    unit_environment = {**os.environ, **unit_env(ENV_UNIT, "game", env)}
+    with open(tmp_path / "env.err", "w") as err:
+        server = subprocess.Popen(argv["ExecStart"], env=unit_environment, cwd=tmp_path,
+                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        post = subprocess.run(argv["ExecStartPost"], env=unit_environment, check=False, capture_output=True,
+                              text=True, timeout=120)
+        assert post.returncode == 0, f"never SERVING: {post.stdout}{_tail(tmp_path, 'env')}"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0, _tail(tmp_path, "env")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

@@ -84,3 +84,48 @@ def test_eval_bad_input_is_one_clear_line(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "n identical samples" in proc.stderr
+
+
+def test_eval_plays_episodes_of_the_builtin_game(tmp_path):
+    """With env.name set, `rlfleet eval` serves the environment and every sample is an episode of the
+    rollout's agent loop. The same 12 rows: the 8 the model reverses end at the first try (1 turn,
+    the game's reward 1.0); the 4 impossible ones are asked again and end after max_tries=2 turns.
+    By hand: accuracy 8/12, turns per episode (8*1 + 4*2)/12 = 4/3, no tool calls."""
+    rows = fixture_rows()
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    report = tmp_path / "report.json"
+    proc = rlfleet("eval", "--model", "builtin:tiny", "--data", str(data), "--output", str(report),
+                   "rollout.max_new_tokens=8", "env.name=digits_game", "rollout.max_turns=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rlfleet: environment digits_game@127.0.0.1:" in proc.stdout
+    result = json.loads(report.read_text())
+    ours = result["by_source"]["digits_reverse"]
+    assert (ours["samples"], ours["reward_failed"]) == (12, 0)
+    assert ours["accuracy"] == pytest.approx(8 / 12)
+    assert ours["turns_mean"] == pytest.approx(4 / 3) and ours["tool_calls_mean"] == 0.0
+    assert result["env"]["name"] == "digits_game" and result["env"]["max_turns"] == 2
+    samples = [json.loads(x) for x in (tmp_path / "report.samples.jsonl").read_text().splitlines()]
+    assert [s["turns"] for s in samples] == [2 if i in CORRUPTED else 1 for i in range(12)]
+    for i, s in enumerate(samples):
+        if i in CORRUPTED:  # the game asked again: its request is in the episode's text
+            assert "Reverse the digits: " in s["response"] and s["reward"] < 1.0
+        else:
+            assert s["reward"] == 1.0
+    header, *lines = [line.split() for line in proc.stdout.splitlines() if line.startswith(("data_source",
+                                                                                             "digits"))]
+    row = lines[0]
+    assert row[header.index("turns")] == "1.33" and row[header.index("tools")] == "0.00"
+    # the game's reward, where it gave one; the data_source's rule otherwise
+    assert ours["rule"] == "env digits_game, else digits"
+
+
+def test_eval_with_an_unreachable_environment_says_where(tmp_path):
+    data = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(fixture_rows()[:2]), data)
+    report = tmp_path / "r.json"
+    proc = rlfleet("eval", "--model", "builtin:tiny", "--data", str(data), "--output", str(report),
+                   "env.address=127.0.0.1:1", "controller.connect_timeout_s=1", timeout=120)
+    assert proc.returncode != 0
+    assert "environment service at 127.0.0.1:1 is not serving" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not report.exists()

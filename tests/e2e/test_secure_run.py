@@ -98,3 +98,47 @@ def test_run_with_mutual_tls_and_token(run_dir, tmp_path):
     # and learner.verify_weights compared the weights after each sync.
     assert [m["policy_version"] for m in lines] == list(range(steps))
     assert TOKEN not in (out / "config.yaml").read_text()  # the run folder names the token file only
+
+
+def test_run_with_an_environment_behind_tls_and_token(run_dir, tmp_path):
+    """`rlfleet run` serves env.name with the job's TLS and token, and its rollout plays the episodes
+    through them; a client without the token is refused by the environment server."""
+    from rlfleet.env.types import EpisodeRow
+    from services.rollout.env_client import EnvClient
+
+    pki = make_pki(tmp_path / "pki")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = tmp_path / "secure.yaml"
+    config.write_text(
+        "security:\n"
+        f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
+        f"  require_client_cert: true\n  token_file: {token_file}\n")
+    cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", "--config", str(config),
+           f"run.output_dir={run_dir}", "run.name=secure-env", "controller.max_steps=2",
+           "controller.prompts_per_step=4", "controller.prompts_per_request=4", "rollout.n=4",
+           "env.name=digits_game", "rollout.max_turns=2"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        address = _wait_for(run_dir / "secure-env" / "services" / "env.json", proc)["address"]
+        trusted = {"cert": pki.client_cert.read_bytes(), "key": pki.client_key.read_bytes(),
+                   "ca": pki.ca.read_bytes()}
+        client = EnvClient(address, timeout_s=10.0, security=Security(**trusted))
+        [refused], _ = client.start([EpisodeRow("intruder", ground_truth="1274")])
+        client.close()
+        assert (refused.ok, refused.failure) == (False, "rpc_error") and "UNAUTHENTICATED" in refused.error
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    lines = read_jsonl(run_dir / "secure-env" / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:  # every episode reached the environment through TLS and the token
+        assert m["env/episodes"] == 16 and m["env/failed"] == 0 and m["env/with_env_reward"] == 16
+    assert "refused a call" in (run_dir / "secure-env" / "logs" / "env.stderr").read_text()

@@ -139,3 +139,26 @@ def test_resolve_eval_model_takes_the_latest_complete_checkpoint(tmp_path):
     assert resolve_eval_model(str(run / "checkpoints" / "step_2")) == run / "checkpoints" / "step_2"
     with pytest.raises(ConfigError, match="not a model folder"):
         resolve_eval_model(str(tmp_path))
+
+
+def test_episodes_report_turns_and_tool_calls_by_hand():
+    import dataclasses
+
+    # three episodes of source a: 1, 2 and 3 turns with 0, 1 and 2 tool calls (one an error), and one
+    # single-turn sample of source b
+    episodes = [dataclasses.replace(sample(0, i, 1.0), turns=i + 1, tool_calls=i, tool_errors=int(i == 2))
+                for i in range(3)]
+    summary = summarize([*episodes, sample(1, 0, 0.0, source="b")], n=3)
+    a = summary["by_source"]["a"]
+    assert a["turns_mean"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert a["tool_calls_mean"] == pytest.approx(1.0) and a["tool_errors"] == 1  # (0 + 1 + 2) / 3
+    assert "turns_mean" not in summary["by_source"]["b"]  # no episode there
+    assert summary["overall"]["turns_mean"] == pytest.approx(1.5)  # (1 + 2 + 3 + 0) / 4
+    metrics = flat_metrics(summary)
+    assert metrics["val/a/turns/mean"] == pytest.approx(2.0) and "val/b/turns/mean" not in metrics
+    header, row_a, row_b, _ = format_table(summary).splitlines()
+    assert header.split()[-2:] == ["turns", "tools"]
+    assert row_a.split()[-2:] == ["2.00", "1.00"] and row_b.split()[-2:] == ["-", "-"]
+    # single-turn samples alone: no such columns, no such metrics
+    plain = summarize([sample(0, 0, 1.0)], n=1)
+    assert "turns" not in format_table(plain) and not any("turns" in k for k in flat_metrics(plain))
