@@ -33,8 +33,9 @@ elif [[ -n ${TORCH_CPU_INDEX:-} ]]; then
 fi
 if [[ -n ${PIP_CERT:-} ]]; then
     # pip reads /etc/pip.conf; both files are mounted for the build only, never stored in the image.
-    conf=$(mktemp)
-    trap 'rm -f "$conf"' EXIT
+    # A fixed path: podman's layer cache counts the build's mounts, so a new name each time
+    # would rebuild every layer after the first RUN.
+    conf=/tmp/rlfleet-build-pip.conf
     printf '[global]\ncert = /run/host-ca.crt\n' > "$conf"
     chmod 644 "$conf"
     args+=(-v "$(realpath "$PIP_CERT"):/run/host-ca.crt:ro" -v "$conf:/etc/pip.conf:ro")

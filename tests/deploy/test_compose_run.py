@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -28,6 +29,7 @@ from tests.deploy.podman_host import (
     DockerApi,
     HealthTicker,
     build_cpu_image,
+    built_tiny_models,
     can_raise_limits,
     hard_limits,
     podman,
@@ -39,7 +41,7 @@ from tests.deploy.podman_host import (
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
 ROLES = ("rollout", "reward", "learner", "controller")
-FIRST_STEPS = 12
+STEPS = 40  # deploy/compose/job.yaml's controller.max_steps
 MORE_STEPS = 3
 RUN_NAME = "compose"
 
@@ -53,9 +55,9 @@ class Stack:
         jobs.mkdir()
         # The shipped job (deploy/compose/job.yaml: the embedded default) with fewer steps.
         shipped = yaml.safe_load((DEPLOY / "compose" / "job.yaml").read_text())
-        first = {**shipped, "controller": {**shipped["controller"], "max_steps": FIRST_STEPS}}
-        (jobs / "first.yaml").write_text(yaml.safe_dump(first))
-        resume = {**first, "controller": {"max_steps": FIRST_STEPS + MORE_STEPS, "resume": "latest"},
+        assert shipped["controller"]["max_steps"] == STEPS
+        (jobs / "first.yaml").write_text(yaml.safe_dump(shipped))
+        resume = {**shipped, "controller": {"max_steps": STEPS + MORE_STEPS, "resume": "latest"},
                   "learner": {"resume_from": "latest"}}
         (jobs / "resume.yaml").write_text(yaml.safe_dump(resume))
         (folder / "models").mkdir()
@@ -80,6 +82,13 @@ class Stack:
             argv += ["-f", str(f)]
         env = {**self.env, "RLFLEET_CONFIG": f"/etc/rlfleet/test/{job}.yaml"}
         return run([*argv, *args], timeout=timeout, env=env)
+
+    def seed_cache(self) -> None:
+        """The host's built tiny models into the volume's /data/cache (owned by the image's user)."""
+        cache = self.run_dir.parents[1] / "cache"
+        for model in built_tiny_models():
+            shutil.copytree(model, cache / model.name, dirs_exist_ok=True)
+        run(["chown", "-R", "1000:1000", str(cache)])
 
     def container(self, role: str) -> str:
         return f"{self.project}-{role}-1"
@@ -139,8 +148,10 @@ def stack(tmp_path_factory):
 
 
 def test_compose_trains_survives_a_killed_rollout_and_resumes(stack):
+    stack.compose("up", "--no-start", "--no-build")  # creates the volume
+    stack.seed_cache()
     stack.compose("up", "--detach", "--no-build", timeout=900)  # returns once the controller started
-    wait_for(lambda: len(stack.steps()) >= 2, 600, "the first steps")
+    wait_for((stack.run_dir / "services" / "controller.json").is_file, 300, "the controller", every=0.2)
 
     status = stack.status_from_host()
     rows = json.loads(status.stdout or "[]")
@@ -149,26 +160,26 @@ def test_compose_trains_survives_a_killed_rollout_and_resumes(stack):
     assert {r["health"] for r in rows} == {"SERVING"}
 
     # A crash of the rollout container (SIGKILL to its init from the host, not `podman stop`).
-    assert stack.steps()[-1] < FIRST_STEPS, "the run ended before the kill: raise FIRST_STEPS"
-    pid = stack.inspect("rollout", "{{.State.Pid}}")
-    os.kill(int(pid), 9)
+    at_kill = stack.steps()
+    assert len(at_kill) < STEPS, "the run ended before the kill"
+    os.kill(int(stack.inspect("rollout", "{{.State.Pid}}")), 9)
     wait_for(lambda: int(stack.inspect("rollout", "{{.RestartCount}}") or 0) >= 1, 120, "the rollout's restart")
 
     wait_for(lambda: stack.inspect("controller", "{{.State.Status}}") == "exited", 900,
              "the controller's exit", every=3)
     assert stack.inspect("controller", "{{.State.ExitCode}}") == "0", stack.logs()
-    assert stack.steps() == list(range(1, FIRST_STEPS + 1)), stack.logs()
+    assert stack.steps() == list(range(1, STEPS + 1)), stack.logs()
     journal = (stack.run_dir / "journal" / "prompts.jsonl").read_text()
     assert '"rollout_failed"' in journal, "the rollout's prompts in flight were never re-queued"
-    assert (stack.run_dir / "checkpoints" / f"step_{FIRST_STEPS}").is_dir()
+    assert (stack.run_dir / "checkpoints" / f"step_{STEPS}").is_dir()
 
     stack.compose("down", "--timeout", "30")  # no --volumes: the run stays
     assert podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").stdout == ""
-    assert stack.steps() == list(range(1, FIRST_STEPS + 1))
+    assert stack.steps() == list(range(1, STEPS + 1))
 
     stack.compose("up", "--detach", "--no-build", job="resume", timeout=900)
     wait_for(lambda: stack.inspect("controller", "{{.State.Status}}") == "exited", 900,
              "the resumed controller's exit", every=3)
     assert stack.inspect("controller", "{{.State.ExitCode}}") == "0", stack.logs()
-    assert stack.steps() == list(range(1, FIRST_STEPS + MORE_STEPS + 1)), stack.logs()
+    assert stack.steps() == list(range(1, STEPS + MORE_STEPS + 1)), stack.logs()
     assert "resuming" in (stack.run_dir / "logs" / "controller.log").read_text()
