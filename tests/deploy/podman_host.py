@@ -27,7 +27,9 @@ IMAGE = "localhost/rlfleet:cpu"
 def run(argv: list[str], timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(argv)} exited {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+        )
     return proc
 
 

@@ -111,7 +111,8 @@ class Stack:
     def logs(self) -> str:
         out = []
         for role in ROLES:
-            out.append(f"--- {role}\n{podman('logs', '--tail', '15', self.container(role), check=False).stderr}")
+            logs = podman("logs", "--tail", "15", self.container(role), check=False)
+            out.append(f"--- {role}\n{logs.stdout}{logs.stderr}")
         return "\n".join(out)
 
     def status_from_host(self) -> subprocess.CompletedProcess:
@@ -123,7 +124,7 @@ class Stack:
             lines.append(f"{ip} {role}\n")
         hosts.write_text("".join(lines))
         rlfleet = str(Path(sys.executable).parent / "rlfleet")
-        return run(["unshare", "--mount", "sh", "-c", f'mount --bind "$0" /etc/hosts && exec "$@"',
+        return run(["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
                     str(hosts), rlfleet, "status", "--json", str(self.run_dir)], timeout=60, check=False)
 
 
@@ -163,7 +164,8 @@ def test_compose_trains_survives_a_killed_rollout_and_resumes(stack):
     at_kill = stack.steps()
     assert len(at_kill) < STEPS, "the run ended before the kill"
     os.kill(int(stack.inspect("rollout", "{{.State.Pid}}")), 9)
-    wait_for(lambda: int(stack.inspect("rollout", "{{.RestartCount}}") or 0) >= 1, 120, "the rollout's restart")
+    wait_for(lambda: int(stack.inspect("rollout", "{{.RestartCount}}") or 0) >= 1, 120,
+             "the rollout's restart")
 
     wait_for(lambda: stack.inspect("controller", "{{.State.Status}}") == "exited", 900,
              "the controller's exit", every=3)
@@ -174,7 +176,8 @@ def test_compose_trains_survives_a_killed_rollout_and_resumes(stack):
     assert (stack.run_dir / "checkpoints" / f"step_{STEPS}").is_dir()
 
     stack.compose("down", "--timeout", "30")  # no --volumes: the run stays
-    assert podman("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").stdout == ""
+    project = f"label=com.docker.compose.project={stack.project}"
+    assert podman("ps", "-a", "-q", "--filter", project).stdout == ""
     assert stack.steps() == list(range(1, STEPS + 1))
 
     stack.compose("up", "--detach", "--no-build", job="resume", timeout=900)

@@ -73,7 +73,8 @@ def box():
          "-f", str(UNITS / "Containerfile"), "-t", image, str(UNITS)], timeout=900)
     b = SystemdBox(image)
     try:
-        b.sh(f"sed -i 's/^RLFLEET_ARGS=.*/RLFLEET_ARGS=controller.max_steps={STEPS}/' /etc/rlfleet/default.env")
+        b.sh(f"sed -i 's/^RLFLEET_ARGS=.*/RLFLEET_ARGS=controller.max_steps={STEPS}/' "
+             "/etc/rlfleet/default.env")
         b.sh("mkdir -p /var/lib/rlfleet/cache")
         for model in built_tiny_models():  # saves the warm start of the embedded model
             podman("cp", str(model), f"{b.name}:/var/lib/rlfleet/cache/{model.name}")
