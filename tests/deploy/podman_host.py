@@ -145,8 +145,9 @@ class HealthTicker:
 
 
 def built_tiny_models() -> list[Path]:
-    """The embedded tiny models this host has built already (the main suite builds one): seeding a
-    container's cache with them saves its ~300-step warm start, minutes on a busy 2-core machine.
-    Their folder names carry a hash of how they are built, so a stale one is never taken."""
-    cache = Path(os.environ.get("RLFLEET_CACHE") or Path.home() / ".cache" / "rlfleet")
-    return sorted(p for p in cache.glob("tiny-*") if p.is_dir() and (p / "config.json").is_file())
+    """The embedded tiny model, built on this host (the main suite has usually built it already):
+    seeding a container's cache with it saves its ~300-step warm start, minutes on a busy 2-core
+    machine. The folder name carries a hash of the recipe, so the containers take it as their own."""
+    from rlfleet.models.tiny import ensure_tiny_model
+
+    return [ensure_tiny_model()]
