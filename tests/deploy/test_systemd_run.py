@@ -139,7 +139,11 @@ def test_units_run_restart_refuse_a_load_failure_and_stop_cleanly(box):
            "controller.max_steps=1000/' /etc/rlfleet/default.env")
     box.sh("systemctl start rlfleet-controller@default")
     wait_for(lambda: len(box.steps()) >= STEPS + 2, 600, "the resumed run's steps", every=2)
+    # The target's own stop returns at once; the roles' stop jobs (PartOf=) run after it, the
+    # controller first (it is ordered After= the services).
     box.sh("systemctl stop rlfleet@default.target", timeout=300)
+    wait_for(lambda: all(box.show(f"rlfleet-{r}@default", "ActiveState")["ActiveState"] == "inactive"
+                         for r in ROLES), 240, "every role to stop", every=2)
     for role in ROLES:
         state = box.show(f"rlfleet-{role}@default", "ActiveState", "Result")
         assert state == {"ActiveState": "inactive", "Result": "success"}, (role, state)
