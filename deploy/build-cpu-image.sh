@@ -33,8 +33,8 @@ elif [[ -n ${TORCH_CPU_INDEX:-} ]]; then
 fi
 if [[ -n ${PIP_CERT:-} ]]; then
     # pip reads /etc/pip.conf; both files are mounted for the build only, never stored in the image.
-    # A fixed path: podman's layer cache counts the build's mounts, so a new name each time
-    # would rebuild every layer after the first RUN.
+    # A fixed path, so every build mounts the same file (the layer cache then has nothing new to
+    # weigh; a fresh temporary name each time is not worth the risk).
     conf=/tmp/rlfleet-build-pip.conf
     printf '[global]\ncert = /run/host-ca.crt\n' > "$conf"
     chmod 644 "$conf"
