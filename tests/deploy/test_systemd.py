@@ -98,8 +98,9 @@ def test_commands_parse_with_the_cli_and_config(tmp_path, config):
             int(env[f"RLFLEET_{role.upper()}_METRICS_PORT"]),
         )
         # ExecStartPost waits for this very service to say SERVING.
-        post = parse_cli(command(_unit(role), "ExecStartPost", "gsm8k", env)[1:])
+        post = parse_cli(command(_unit(role), "ExecStartPost", "gsm8k", {**env, "MAINPID": "4321"})[1:])
         assert post.command == "health" and post.address == f"{endpoint.host}:{endpoint.port}"
+        assert post.pid == 4321  # systemd's $MAINPID: the wait ends if the service dies loading
         assert post.wait == float(env["RLFLEET_LOAD_TIMEOUT_S"]) and post.config == env["RLFLEET_CONFIG"]
         # The example env file is one coherent single-host job: the controller finds each service.
         assert getattr(jobs["controller"][1], role).address == f"{endpoint.host}:{endpoint.port}"
@@ -190,6 +191,7 @@ def test_the_units_commands_run_a_job_in_systemd_order(tmp_path):
         },
     }
     keep = {k: os.environ[k] for k in ("RLFLEET_CACHE", "HF_HOME") if k in os.environ}
+    services: dict[str, subprocess.Popen] = {}
 
     def environment(role: str) -> dict[str, str]:
         env = {**os.environ, **unit_env(_unit(role), "job", env_file)}
@@ -198,9 +200,10 @@ def test_the_units_commands_run_a_job_in_systemd_order(tmp_path):
         return {**env, **keep}
 
     def argv(role: str, key: str) -> list[str]:
-        return [RLFLEET_BIN, *command(_unit(role), key, "job", env_file)[1:]]
+        # systemd gives ExecStartPost the main process's pid as $MAINPID.
+        main_pid = {"MAINPID": str(services[role].pid)} if role in services else {}
+        return [RLFLEET_BIN, *command(_unit(role), key, "job", {**env_file, **main_pid})[1:]]
 
-    services: dict[str, subprocess.Popen] = {}
     try:
         for role in SERVICES:
             with open(tmp_path / f"{role}.err", "w") as err:
