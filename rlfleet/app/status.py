@@ -9,10 +9,10 @@ fleet (`fleet`: live, joining or leaving, and whether it joined while the run we
 that joined from other machines included.
 
 Announce files outlive processes killed -9. A replica the controller (or, with the controller gone,
-the run's journal) records as left is shown with health `LEFT`; an announce file whose process is
-gone (or, from another machine, that nothing answers at) and that the running controller does not
-list is shown `STALE`. Neither counts against the run's health: the exit code is 0 when every other
-row is SERVING.
+the run's journal) records as left is shown with health `LEFT`; a replica's announce file whose
+process is gone (or, from another machine, that nothing answers at) and that the running controller
+does not list is shown `STALE`. Neither counts against the run's health: the exit code is 0 when
+every other row is SERVING.
 """
 
 from __future__ import annotations
@@ -232,20 +232,24 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
         if row is controller or row["address"] == "-":
             continue
         address, kind = row["address"], _kind(row["role"])
+        if kind != "rollout":  # the controller lists its fleet; other services (an env server) it does not
+            _query(row, security)
+            continue
         state = fleet.get(address)
-        if kind == "rollout" and state is None and address not in listed:
+        if state is None and address not in listed:
             if journal is None:  # the controller does not list it (or is gone): did it leave?
                 journal = departed_replicas(run_dir / "journal" / JOURNAL)
             if address in journal:
                 state = f"left: {journal[address]}"
-        if kind == "rollout" and state is not None and state.startswith("left"):
+        if state is not None and state.startswith("left"):
             _mark_left(row, state)
             continue
-        if answered and address not in listed and item.gone:
+        unlisted = answered and address not in listed
+        if unlisted and item.gone:
             _mark_stale(row, f"its process (pid {row['pid']}) is gone")
             continue
         _query(row, security)
-        if answered and address not in listed and item.remote and row["health"] == "UNREACHABLE":
+        if unlisted and item.remote and row["health"] == "UNREACHABLE":
             _mark_stale(row, f"announced from another machine, nothing answers at {address}")
     known = {(r["role"], r["address"]) for r in rows}
     for role, address in used:  # services the controller uses that announced nowhere here

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import REPO
+from tests.e2e.conftest import REPO, read_jsonl
 from tests.e2e.fleet_procs import JOB, events, free_port, start, stop, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,6 +54,9 @@ def test_status_after_a_joiner_was_killed_shows_it_left_and_exits_0(run_dir, tmp
         joiner.wait()
         wait_for("the controller noticed", lambda: any(
             e["event"] == "left" and e["replica"] == address for e in events(run)), [main], timeout_s=60)
+        # and trained a step without it (the weight group re-formed): the run is healthy again
+        wait_for("a step after the leave", lambda: any(
+            m["fleet/leaves"] == 1 for m in read_jsonl(run / "metrics.jsonl")), [main], timeout_s=60)
 
         status = _status(run, "--json")
         rows = {r["role"]: r for r in json.loads(status.stdout)}
