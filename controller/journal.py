@@ -12,7 +12,11 @@ sequence number `seq`, which a re-queued prompt keeps):
     resumed     (no seq) the run continued from the checkpoint of `step`: `trained` lines of
                 later steps before it were rolled back with the model
 
-`audit()` replays a journal and says which prompts were lost or trained twice.
+and the rollout fleet's membership (controller/fleet.py), per `replica` address: join_accepted,
+joined, leaving, left (with its `reason`).
+
+`audit()` replays a journal and says which prompts were lost or trained twice; `departed_replicas()`
+which replicas left the run and did not join again.
 """
 from __future__ import annotations
 
@@ -100,3 +104,27 @@ def audit(path: Path) -> Audit:
             result.open.discard(seq)
     result.trained = Counter({s: len(steps) for s, steps in trained_at.items() if steps})
     return result
+
+
+def departed_replicas(path: Path) -> dict[str, str]:
+    """Replicas whose last membership event is `left` (address -> reason): out of the run, unless they
+    joined again. {} when there is no journal."""
+    departed: dict[str, str] = {}
+    try:
+        lines = open(path)  # noqa: SIM115 - closed below; a long run's journal is read a line at a time
+    except OSError:
+        return departed
+    with lines:
+        for line in lines:
+            if '"event": "left"' not in line and '"event": "join' not in line:
+                continue  # most lines are about prompts: not parsed
+            try:
+                ev = json.loads(line)
+                kind, replica = ev["event"], ev["replica"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash
+            if kind == "left":
+                departed[replica] = ev.get("reason", "")
+            elif kind in ("join_accepted", "joined"):
+                departed.pop(replica, None)
+    return departed

@@ -21,7 +21,7 @@ import structlog
 from rlfleet.errors import FleetRefused, ServiceUnavailable
 from rlfleet.models.identity import architecture, identity_of, model_summary
 from rlfleet.proto.v1 import common_pb2, controller_pb2, controller_pb2_grpc
-from rlfleet.rpc.channel import open_channel
+from rlfleet.rpc.channel import FAST_RECONNECT, open_channel
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.server import ServiceServer
 
@@ -63,7 +63,8 @@ class FleetMembership:
         self.architecture = architecture(model_dir)
         self.identity, self.summary = identity_of(self.architecture), model_summary(model_dir)
         self.wait_s = wait_s
-        self._channel = open_channel(controller, security)
+        # a replica started before its controller joins within a second of it listening
+        self._channel = open_channel(controller, security, extra_options=FAST_RECONNECT)
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
         self.address = ""
         self._leaving = threading.Event()

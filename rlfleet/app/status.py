@@ -7,16 +7,26 @@ step, load (queued work), in-flight RPCs, last error.
 The controller row comes from its GetRunStatus RPC, and so does every rollout replica in the run's
 fleet (`fleet`: live, joining or leaving, and whether it joined while the run went on) — replicas
 that joined from other machines included.
+
+Announce files outlive processes killed -9. A replica the controller (or, with the controller gone,
+the run's journal) records as left is shown with health `LEFT`; a replica's announce file whose
+process is gone (or, from another machine, that nothing answers at) and that the running controller
+does not list is shown `STALE`. Neither counts against the run's health: the exit code is 0 when
+every other row is SERVING.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from controller.journal import JOURNAL, departed_replicas
 from rlfleet.errors import DataError
 from rlfleet.proto.v1 import (
     common_pb2,
@@ -34,6 +44,7 @@ _STUBS = {
     "learner": learner_pb2_grpc.LearnerStub,
 }
 _UNITS = {"rollout": "prompts", "reward": "items", "learner": "samples"}
+LEFT, STALE = "LEFT", "STALE"  # health of a row that is no longer part of the run (not a failure)
 COLUMNS = (
     "role",
     "address",
@@ -102,6 +113,8 @@ def _query_controller(row: dict[str, Any], channel: grpc.Channel,
     members = [m for m in st.fleet if not m.state.startswith("left")]
     for m in members:
         fleet[m.address] = f"{m.state}{' (joined)' if m.joined else ''}, {m.groups} groups"
+    for m in st.fleet:  # `left: <reason>`, unless the address is a member again
+        fleet.setdefault(m.address, m.state)
     load = f"{last.get('controller/buffered_groups', 0):.0f} groups buffered"
     if members:
         load += f", {sum(m.state != 'joining' for m in members)} replicas"
@@ -145,25 +158,56 @@ def _restart_counts(folder: Path) -> dict[str, int]:
     return counts
 
 
-def _announced(folder: Path) -> list[dict[str, Any]]:
+@dataclass
+class _Announced:
+    row: dict[str, Any]
+    gone: bool = False  # its process ran on this machine and is no longer there
+    remote: bool = False  # announced from another machine (its process cannot be looked at)
+
+
+def _process_gone(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # someone else's process
+        return False
+    try:  # killed but not yet reaped by its parent
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _read_announced(folder: Path) -> list[_Announced]:
     restarts = _restart_counts(folder)
-    rows = []
+    here = socket.gethostname()
+    found = []
     for path in sorted(folder.glob("*.json")):
         try:
             info = json.loads(path.read_text())
             name = info.get("name") or info["role"]
-            rows.append(
-                _row(
-                    name,
-                    info["address"],
-                    pid=info.get("pid", "-"),
-                    restarts=restarts.get(name, 0),
-                    metrics_port=info.get("metrics_port") or "-",
-                )
-            )
+            row = _row(name, info["address"], pid=info.get("pid", "-"), restarts=restarts.get(name, 0),
+                       metrics_port=info.get("metrics_port") or "-")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            rows.append(_row(path.stem, "-", last_error=f"unreadable {path.name}: {exc}"))
-    return rows
+            found.append(_Announced(_row(path.stem, "-", last_error=f"unreadable {path.name}: {exc}")))
+            continue
+        remote = info.get("host", here) != here  # files without `host` were written before it was
+        found.append(_Announced(row, gone=not remote and _process_gone(info.get("pid")), remote=remote))
+    return found
+
+
+def _announced(folder: Path) -> list[dict[str, Any]]:
+    return [a.row for a in _read_announced(folder)]
+
+
+def _mark_left(row: dict[str, Any], state: str) -> None:
+    row.update(health=LEFT, fleet=state)
+
+
+def _mark_stale(row: dict[str, Any], why: str) -> None:
+    row.update(health=STALE, last_error=f"stale announce file: {why}, and the controller does not list it")
 
 
 def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, Any]]:
@@ -171,21 +215,51 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
     folder = run_dir / "services"
     if not folder.is_dir():
         raise DataError(f"{run_dir} has no services/ folder: is it a run folder (<output_dir>/<name>)?")
-    rows = _announced(folder)
-    known = {(r["role"], r["address"]) for r in rows}
+    announced = _read_announced(folder)
+    rows = [a.row for a in announced]
+    # The controller first: whom it lists (members, those that left, the services it uses) decides
+    # how the other rows are read.
     fleet: dict[str, str] = {}
-    for row in list(rows):
-        if row["address"] == "-":
+    used: list[tuple[str, str]] = []
+    controller = next((r for r in rows if r["role"] == "controller" and r["address"] != "-"), None)
+    if controller is not None:
+        used = _query(controller, security, fleet)
+    answered = controller is not None and controller["health"] == "SERVING" and not controller["last_error"]
+    listed = set(fleet) | {address for _, address in used}
+    journal: dict[str, str] | None = None
+    for item in announced:
+        row = item.row
+        if row is controller or row["address"] == "-":
             continue
-        # services the controller uses that announced nowhere here
-        for role, address in _query(row, security, fleet):
-            if (role, address) not in known:
-                known.add((role, address))
-                extra = _row(role, address, pid="external")
-                _query(extra, security)
-                rows.append(extra)
+        address, kind = row["address"], _kind(row["role"])
+        if kind != "rollout":  # the controller lists its fleet; other services (an env server) it does not
+            _query(row, security)
+            continue
+        state = fleet.get(address)
+        if state is None and address not in listed:
+            if journal is None:  # the controller does not list it (or is gone): did it leave?
+                journal = departed_replicas(run_dir / "journal" / JOURNAL)
+            if address in journal:
+                state = f"left: {journal[address]}"
+        if state is not None and state.startswith("left"):
+            _mark_left(row, state)
+            continue
+        unlisted = answered and address not in listed
+        if unlisted and item.gone:
+            _mark_stale(row, f"its process (pid {row['pid']}) is gone")
+            continue
+        _query(row, security)
+        if unlisted and item.remote and row["health"] == "UNREACHABLE":
+            _mark_stale(row, f"announced from another machine, nothing answers at {address}")
+    known = {(r["role"], r["address"]) for r in rows}
+    for role, address in used:  # services the controller uses that announced nowhere here
+        if (role, address) not in known:
+            known.add((role, address))
+            extra = _row(role, address, pid="external")
+            _query(extra, security)
+            rows.append(extra)
     for row in rows:
-        if _kind(row["role"]) == "rollout":
+        if _kind(row["role"]) == "rollout" and row["health"] != LEFT:
             row["fleet"] = fleet.get(row["address"], "-" if not fleet else "not a member")
     order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3}
     return sorted(rows, key=lambda r: (order.get(_kind(r["role"]), 9), r["role"], r["address"]))
@@ -225,10 +299,12 @@ def write_prometheus_targets(run_dir: Path, path: Path) -> int:
 
 def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None,
                  security: Security | None = None) -> int:
-    """Exit code 0 when every service is SERVING, 1 otherwise."""
+    """Exit code 0 when every service is SERVING (replicas that left and stale announce files aside),
+    1 otherwise."""
     rows = collect(Path(run_dir), security)
     if prometheus_sd:
         count = write_prometheus_targets(Path(run_dir), Path(prometheus_sd))
         print(f"rlfleet: wrote {count} Prometheus targets to {prometheus_sd}")
     print(json.dumps(rows, indent=2) if as_json else format_rows(rows))
-    return 0 if rows and all(r["health"] == "SERVING" for r in rows) else 1
+    counted = [r for r in rows if r["health"] not in (LEFT, STALE)]
+    return 0 if counted and all(r["health"] == "SERVING" for r in counted) else 1

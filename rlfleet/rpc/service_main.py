@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -95,9 +96,10 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name or role}.json"
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    # `host`: where `pid` lives; `rlfleet status` looks at the process only on that machine
     tmp.write_text(json.dumps({"role": role, "name": name or role, "address": address,
-                               "metrics_port": metrics_port,
-                               "pid": os.getpid(), "started": time.time()}))
+                               "metrics_port": metrics_port, "pid": os.getpid(),
+                               "host": socket.gethostname(), "started": time.time()}))
     os.replace(tmp, path)
     return path
 

@@ -148,3 +148,22 @@ def test_plot_input_errors_and_series(tmp_path):
     path.write_text("")
     with pytest.raises(DataError, match="has no metrics yet"):
         read_metrics(path)
+
+
+def test_departed_replicas_are_those_whose_last_membership_event_is_left(tmp_path):
+    from controller.journal import Journal, departed_replicas
+
+    journal = Journal(tmp_path)
+    journal.record("join_accepted", replica="h:1", name="a")
+    journal.record("joined", replica="h:1", name="a", version=3)
+    journal.record("requeued", seq=7, reason="replica_left", replica="h:1")  # about a prompt, not membership
+    journal.record("left", replica="h:1", name="a", reason="unreachable")
+    journal.record("joined", replica="h:2", name="b", version=3)
+    journal.record("left", replica="h:2", name="b", reason="failed")
+    journal.record("join_accepted", replica="h:2", name="b")  # back again: a member
+    journal.record("left", replica="h:3", name="c", reason="drained")
+    journal.close()
+    with open(journal.path, "a") as f:
+        f.write('{"event": "left", "replica": "h:')  # cut short by a crash
+    assert departed_replicas(journal.path) == {"h:1": "unreachable", "h:3": "drained"}
+    assert departed_replicas(tmp_path / "nothing.jsonl") == {}
