@@ -149,6 +149,7 @@ def test_dead_service_stops_the_run_and_is_named(run_dir):
         os.kill(victim, signal.SIGKILL)
         assert _exit_code(proc, 90) == 2
         err = proc.stderr.read()
-        assert f"reward service (pid {victim}) was killed by signal 9 (SIGKILL); its log: " in err, err[-2000:]
+        named = f"reward service (pid {victim}) was killed by signal 9 (SIGKILL); its log: "
+        assert named in err, err[-2000:]
         assert "Traceback" not in err
         _wait_for(lambda: not any(_pid_alive(p) for p in others), 20, "the other services to exit")
