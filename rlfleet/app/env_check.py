@@ -12,7 +12,6 @@ import json
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,24 +21,14 @@ from rlfleet.env.types import Action
 from rlfleet.proto.v1 import environment_pb2 as pb
 from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc import env_convert
+from rlfleet.app import conformance
+from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, run_checks  # noqa: F401 (re-exported)
 from rlfleet.rpc.channel import open_channel
 
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 ENV_SERVICE = "rlfleet.v1.Environment"
 DEFAULT_ROW = {"data_source": "digits_reverse", "prompt": "Reverse the digits: 4721", "ground_truth": "1274"}
 DEFAULT_ACTIONS = ['Let me check. <tool name="calculator">6*7</tool>', "1274"]
 MAX_TURNS = 8
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    result: str
-    detail: str = ""
-
-
-class Failed(Exception):
-    """A check found the contract broken."""
 
 
 class EnvContractChecker:
@@ -265,30 +254,14 @@ class EnvContractChecker:
     )
 
     def run(self) -> list[Check]:
-        results = []
-        for name, method in self.CHECKS:
-            try:
-                detail = method(self)
-                results.append(Check(name, NA if detail == NA else PASS, "" if detail == NA else detail))
-            except Failed as exc:
-                results.append(Check(name, FAIL, str(exc)))
-            except grpc.RpcError as err:
-                results.append(Check(name, FAIL, f"{err.code().name}: {err.details()}"))
-            if name == "health" and results[-1].result == FAIL and "UNAVAILABLE" in results[-1].detail:
-                break  # nothing answers: the other checks would only repeat it
-        return results
+        return run_checks(self, self.CHECKS)
 
     def close(self) -> None:
         self.channel.close()
 
 
 def format_table(address: str, checks: list[Check]) -> str:
-    width = max(len(c.name) for c in checks)
-    lines = [f"environment server {address}", f"{'check':<{width}}  result  detail"]
-    lines += [f"{c.name:<{width}}  {c.result:<6}  {c.detail}" for c in checks]
-    counts = {r: sum(c.result == r for c in checks) for r in (PASS, FAIL, NA)}
-    lines.append(f"summary: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NA]} N/A")
-    return "\n".join(lines)
+    return conformance.format_table("environment", address, checks)
 
 
 def check_server(address: str, timeout_s: float = 10.0, row: dict | None = None,
