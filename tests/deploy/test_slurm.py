@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "rlfleet.sba
 JOIN_SCRIPT = SCRIPT.with_name("rlfleet-join.sbatch")  # rollout nodes that join a running job
 RLFLEET_BIN = str(Path(sys.executable).parent / "rlfleet")
 ROLES = ("learner", "reward", "rollout", "controller")
+# Long enough for a replica of the join job to load, join and take work while the run trains.
+JOIN_STEPS = 60
 
 
 @pytest.mark.unit
@@ -99,3 +102,78 @@ def test_a_service_that_fails_ends_the_job_and_is_named(cluster, tmp_path):
     assert "the learner service stopped" in out, out
     assert "no-such-device" in (run_dir / "logs" / "learner.out").read_text()
     assert not (run_dir / "services" / "controller.json").exists()  # never started
+
+
+def _wait(what: str, check, cluster: SlurmCluster, job_ids: list[str], timeout: float = 300):
+    """Polls `check()` until it returns something true; fails when one of the jobs has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        for job_id in job_ids:
+            state = cluster.job(job_id)["JobState"]
+            assert state in ("PENDING", "CONFIGURING", "RUNNING"), f"job {job_id} {state} before {what}"
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_join_job_adds_a_rollout_node_to_a_running_job(cluster, tmp_path):
+    """rlfleet-join.sbatch, pointed at a running rlfleet.sbatch job by its run folder: its replica
+    joins that job's controller, gets work, shows in fleet/replicas and `rlfleet status`, and leaves
+    when the join job is cancelled (SIGTERM); the training job ends at its last step as usual.
+
+    On this one-node cluster both jobs share the node: `--oversubscribe` on the command line
+    overrides the scripts' `#SBATCH --exclusive` (which keeps nodes to themselves on a real one)."""
+    env = {"RLFLEET": RLFLEET_BIN, "RLFLEET_OUTPUT_DIR": str(tmp_path / "outputs"),
+           "RLFLEET_RUN_NAME": "tiny"}
+    run_dir = tmp_path / "outputs" / "tiny"
+    main_out, join_out = tmp_path / "job.out", tmp_path / "join.out"
+    main = cluster.sbatch(["--nodes=1", "--oversubscribe", f"--output={main_out}", str(SCRIPT),
+                           f"controller.max_steps={JOIN_STEPS}"], env, tmp_path)
+    _wait("the controller's announcement", lambda: (run_dir / "services" / "controller.json").exists(),
+          cluster, [main])
+    join = cluster.sbatch(["--nodes=1", "--oversubscribe", f"--output={join_out}", str(JOIN_SCRIPT)],
+                          {"RLFLEET": RLFLEET_BIN, "RLFLEET_RUN_DIR": str(run_dir)}, tmp_path)
+    try:
+        def joiner_took_work():
+            entries = _jsonl(run_dir / "journal" / "prompts.jsonl")
+            joined = {e["replica"] for e in entries if e["event"] == "joined"}
+            dispatched = (e["replica"] for e in entries if e["event"] == "dispatched")
+            return next((replica for replica in dispatched if replica in joined), None)
+
+        address = _wait("the joined replica's first work", joiner_took_work, cluster, [main, join])
+        assert address.startswith("127.0.0.1:")  # the node's NodeAddr, as the script gives it
+        _wait("a step line with 2 replicas",
+              lambda: any(m.get("fleet/replicas") == 2 for m in _jsonl(run_dir / "metrics.jsonl")),
+              cluster, [main, join])
+        status = subprocess.run([RLFLEET_BIN, "status", "--json", str(run_dir)], capture_output=True,
+                                text=True, timeout=60, check=False)
+        fleet = {r["address"]: r.get("fleet") or "" for r in json.loads(status.stdout or "[]")
+                 if r["role"].startswith("rollout")}  # rollout (the job's), rollout-<node>-<pid> (joined)
+        assert fleet.get(address, "").startswith("live (joined)"), status.stdout + status.stderr
+        assert len(fleet) == 2, fleet
+    finally:
+        # The join job's end: SIGTERM to its replica, which hands back its groups and leaves.
+        subprocess.run(["scancel", "--signal=TERM", join], env=cluster.env, check=False, timeout=30)
+    info = cluster.wait_job(join, timeout=180)
+    out = join_out.read_text(errors="replace") if join_out.exists() else ""
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{info}\n{out}"
+    left = [e for e in _jsonl(run_dir / "journal" / "prompts.jsonl")
+            if e["event"] == "left" and e["replica"] == address]
+    assert left and left[0]["reason"] == "sigterm", left
+
+    info = cluster.wait_job(main, timeout=600)
+    out = main_out.read_text(errors="replace") if main_out.exists() else ""
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{out}\n{cluster.logs()}"
+    steps = [m["step"] for m in _jsonl(run_dir / "metrics.jsonl")]
+    assert steps == list(range(1, JOIN_STEPS + 1))
+    assert "done:" in out
