@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import structlog
@@ -24,6 +25,7 @@ from rlfleet.proto.v1 import common_pb2, controller_pb2, controller_pb2_grpc
 from rlfleet.rpc.channel import FAST_RECONNECT, open_channel
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.server import ServiceServer
+from rlfleet.rpc.service_main import reannounce
 
 log = structlog.get_logger(__name__)
 
@@ -174,11 +176,14 @@ class FleetMembership:
 
 
 def join_when_serving(controller: str, security: Security, name: str, model_dir, wait_s: float,
-                      advertise: str | None):
-    """The `on_serving` hook of `rlfleet serve rollout --join`."""
+                      advertise: str | None, run_dir: Path):
+    """The `on_serving` hook of `rlfleet serve rollout --join`. The replica's announcement in
+    `run_dir`/services/ is given the address it joins with, where `rlfleet status` then finds it."""
     def on_serving(server: ServiceServer) -> None:
         member = FleetMembership(controller, security, name, model_dir, wait_s)
-        member.join(advertised_address(server.address, advertise, towards=controller))
+        address = advertised_address(server.address, advertise, towards=controller)
+        reannounce(run_dir, name, address)
+        member.join(address)
         member.leave_on_signal(server)
         member.watch(server)
     return on_serving

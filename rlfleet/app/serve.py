@@ -44,7 +44,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     if join:
         from rlfleet.app.fleet_member import join_when_serving
         on_serving = join_when_serving(join, security, name, resolve_model_path(cfg.model.path),
-                                       cfg.controller.service_wait_s, advertise)
+                                       cfg.controller.service_wait_s, advertise, cfg.run.dir)
     run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
                 servicer, load, name=name, security=security, on_serving=on_serving)
 

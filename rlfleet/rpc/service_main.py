@@ -104,6 +104,18 @@ def announce(run_dir: Path, role: str, address: str, metrics_port: int, name: st
     return path
 
 
+def reannounce(run_dir: Path, name: str, address: str) -> None:
+    """Rewrites `name`'s announcement with the address others reach it at, when that is not the one it
+    bound (a rollout bound to 0.0.0.0 that joined a fleet at its container's address)."""
+    path = run_dir / "services" / f"{name}.json"
+    info = json.loads(path.read_text())
+    if info["address"] == address:
+        return
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps({**info, "address": address}))
+    os.replace(tmp, path)
+
+
 def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, service_names: list[str],
                 add_fn: Callable, servicer: object, load: Callable[[], None], name: str | None = None,
                 security: Security | None = None,

@@ -10,6 +10,7 @@ import pytest
 from rlfleet.app.fleet_member import advertised_address
 from rlfleet.models.identity import architecture, difference, identity_of, model_identity
 from rlfleet.models.resolve import resolve_model_path
+from rlfleet.rpc.service_main import announce, reannounce
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +65,15 @@ def test_advertised_address():
     # a wildcard bind gives the address of the interface that routes to the controller
     assert advertised_address("0.0.0.0:5001", None, towards="127.0.0.1:50050") == "127.0.0.1:5001"
     assert advertised_address("0.0.0.0:5001", None) == f"{socket.getfqdn()}:5001"  # nothing to route to
+
+
+def test_a_joined_replica_announces_the_address_it_gave_the_controller(tmp_path):
+    """A replica bound to 0.0.0.0 (a container) first announces its bind address; once it knows the
+    address it joins with, its announcement says that one, so `rlfleet status` finds it there
+    instead of listing an unreachable 0.0.0.0 twin (seen with compose --scale rollout=2)."""
+    path = announce(tmp_path, "rollout", "0.0.0.0:50051", 9100, name="rollout-c1-6")
+    reannounce(tmp_path, "rollout-c1-6", "10.89.0.5:50051")
+    info = json.loads(path.read_text())
+    assert info["address"] == "10.89.0.5:50051"
+    assert (info["role"], info["name"], info["metrics_port"]) == ("rollout", "rollout-c1-6", 9100)
+    assert sorted(p.name for p in (tmp_path / "services").iterdir()) == ["rollout-c1-6.json"]
