@@ -29,12 +29,26 @@ def children() -> set[int]:
     return out
 
 
+def settled_children(quiet_s: float = 1.0, limit_s: float = 15.0) -> set[int]:
+    """children() once it has not changed for `quiet_s`: an earlier test's pool (a replaced worker
+    of a hung item, say) may still be starting or ending processes when the next test begins."""
+    import time
+
+    last, since, deadline = children(), time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = children()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def digits_item(i: str, response: str = "4321", truth: str = "4321") -> ScoreItem:
     return ScoreItem(i, "digits_reverse", "Reverse the digits: 1234", response, truth)
 
 
 def test_the_default_built_in_rule_scores_in_process_and_starts_no_worker():
-    before = children()
+    before = settled_children()
     scorer = build_own_scorer(RewardConfig())  # reward.fn=auto, fn_isolation=auto
     try:
         results = scorer.score([digits_item("a"), digits_item("b", response="1234")])
@@ -67,7 +81,7 @@ def test_a_hanging_user_function_fails_its_item_alone_in_the_pool():
 
 
 def test_a_function_marked_safe_scores_in_process():
-    before = children()
+    before = settled_children()
     scorer = build_own_scorer(RewardConfig(fn="tests.reward_fixtures:score", fn_isolation="none"))
     try:
         assert scorer.score([ScoreItem("x", "custom", "p", "7", "7")])[0].score == 1.0
