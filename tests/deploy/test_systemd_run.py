@@ -153,8 +153,9 @@ def test_units_run_restart_refuse_a_load_failure_and_stop_cleanly(box):
             # code at all): a role that stopped early is judged by its journal's last stop instead.
             journal = box.sh(f"journalctl -u rlfleet-{role}@default -o cat --no-pager").stdout
             last_stop = journal[journal.rindex("Stopping rlfleet-"):]
+            unclean = ("code=killed", "code=dumped", "Failed with result")
             assert "Deactivated successfully" in last_stop and not any(
-                bad in last_stop for bad in ("code=killed", "code=dumped", "Failed with result")), (role, last_stop)
+                bad in last_stop for bad in unclean), (role, last_stop)
             continue
         assert state["ExecMainCode"] == "1" and state["ExecMainStatus"] in ("0", "143"), (role, state)
         if state["Result"] != "success":
