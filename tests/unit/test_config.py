@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.config import JobConfig, load_config, parse_override
+from rlfleet.config import JobConfig, load_config
+from rlfleet.overrides import parse_override
 from rlfleet.errors import ConfigError
 
 pytestmark = pytest.mark.unit
