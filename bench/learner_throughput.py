@@ -9,6 +9,8 @@ model FLOPs utilisation (6 x parameters x tokens / step time / peak bf16 FLOP/s)
   packed    + learner.pack_sequences
   both      chunked + packed
   ckpt      both + learner.gradient_checkpointing, micro_batch_tokens x --ckpt-mb-scale
+Each config runs once per `--fused-kernels` setting (learner.fused_kernels: none, liger), named
+config/setting.
 `--ragged` draws response lengths in [response/4, response] (what packing is for); tokens/s
 counts real tokens only. `--tiny` runs a tiny shape on the CPU as a smoke check.
 Usage: python bench/learner_throughput.py [--configs baseline,both] [--ragged] [--peak-tflops 989] [--out
@@ -62,7 +64,9 @@ def measure(name: str, args, model_dir: Path, device: torch.device, dtype: torch
     from services.learner.learner import Learner
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    options = {"micro_batch_tokens": args.micro_batch_tokens, **learner_options(name, args)}
+    config, fused = name.split("/")
+    options = {"micro_batch_tokens": args.micro_batch_tokens, "fused_kernels": fused,
+               **learner_options(config, args)}
     learner = Learner(LearnerConfig(lr=1e-6, **options), model_dir, device, dtype, model_dir / "ckpt",
                       max_response_tokens=args.response)
     params = sum(p.numel() for p in learner.model.parameters())
@@ -105,11 +109,13 @@ def main() -> None:
     parser.add_argument("--ragged", action="store_true", help="response lengths vary (padding to remove)")
     parser.add_argument("--tiny", action="store_true", help="tiny fp32 shape on the CPU (smoke check)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100/H200 dense bf16")
+    parser.add_argument("--fused-kernels", default="none", help="comma list of learner.fused_kernels settings")
     parser.add_argument("--out")
     args = parser.parse_args()
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    if unknown := sorted(set(names) - set(CONFIGS)):
+    configs = [n.strip() for n in args.configs.split(",") if n.strip()]
+    if unknown := sorted(set(configs) - set(CONFIGS)):
         parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    names = [f"{c}/{f}" for f in args.fused_kernels.split(",") for c in configs]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if __package__ in (None, ""):  # run as a script: make the repository root importable for bench.*

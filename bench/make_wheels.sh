@@ -11,6 +11,7 @@ pkgs=(
   grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0
   math-verify latex2sympy2_extended antlr4-python3-runtime==4.13.2
   gguf
+  liger-kernel==0.8.5  # learner.fused_kernels (Triton kernels; the image has triton)
   cryptography cffi pycparser  # the weight group's sealed rendezvous (AES-GCM); may already be in the image
   trl==1.16.0 datasets dill multiprocess  # the TRL arm of bench/e2e_grpo.py and the GSM8K comparison
 )

@@ -9,6 +9,7 @@
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
 #   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
 #   "trl N"      bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then rlfleet eval
+#   profile      bench/onegpu_profile.py: decode (graphs vs compiled step) and learner variants on the real job
 #   "bench ..."  any python bench/... command line
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/); .whl/:
 # bench/make_wheels.sh. Outputs (metrics, reports, logs) go to $OUT.
@@ -38,7 +39,10 @@ phase() {
       rlfleet model import "$work/smol.gguf" --output "$work/models/smollm2-135m" --force 2>&1 | quiet | tail -2
       rlfleet data arithmetic --output "$work/data/train.parquet" --rows 20000 2>&1 | tail -1
       rlfleet data arithmetic --output "$work/data/test.parquet" --rows 500 --split test 2>&1 | tail -1 ;;
-    tests) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_weight_ipc.py -p no:cacheprovider 2>&1 | tail -5 ;;
+    tests) timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
+             tests/gpu/test_fused_kernels.py -p no:cacheprovider 2>&1 | tail -8 ;;
+    profile) timeout 420 python3 bench/onegpu_profile.py --model "$work/models/smollm2-135m" \
+               --data "$work/data/train.parquet" --out "$out/onegpu_profile.json" 2>&1 | quiet | grep -v "^Loading" ;;
     weights) timeout 300 python3 bench/weight_sync.py --device onegpu --shapes 135m,0.5b --reps 10 \
                --out "$out/weight_sync_onegpu.json" 2>&1 | quiet ;;
     run)

@@ -5,7 +5,8 @@ random prompt tokens and exactly `--new` new tokens each (no eos, so every arm d
 same work), sampling at temperature 1:
   generate  transformers' generate() (rollout.hf_decode=generate)
   static    rlfleet's static-KV-cache loop, eager (rollout.cuda_graphs=false)
-  graphs    the same loop, decode step replayed as a CUDA graph (the default on GPU)
+  graphs    the same loop, decode step replayed as a CUDA graph (rollout.compile_decode=false)
+  compiled  the step compiled (torch.compile) and then replayed as a CUDA graph (the default on GPU)
 Each arm is warmed up once (graph capture included) and then timed `--repeats` times; the
 median is reported. Usage: python bench/rollout_throughput.py [--arms generate,static,graphs]
 """
@@ -43,7 +44,7 @@ def run_generate(model, rows: torch.Tensor, new: int) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arms", default="generate,static,graphs")
+    ap.add_argument("--arms", default="generate,static,graphs,compiled")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
@@ -67,7 +68,8 @@ def main() -> None:
                 return run_generate(model, rows, n)
             fn(8)  # warm-up: kernels, cuBLAS handles
         else:
-            gen = StaticGenerator(model, pad_id=0, eos_ids=[], cuda_graphs=arm == "graphs")
+            gen = StaticGenerator(model, pad_id=0, eos_ids=[], cuda_graphs=arm in ("graphs", "compiled"),
+                                  compile_decode=arm == "compiled")
             listed = rows.tolist()
 
             def fn(gen=gen, listed=listed):

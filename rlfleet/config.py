@@ -116,6 +116,8 @@ class RolloutConfig(ServiceEndpointConfig):
         "(Llama/Qwen2/Qwen3/Mistral), `generate` transformers' generate(); auto: static where supported")
     cuda_graphs: bool = Field(True, description="transformers backend on GPU: replay the static "
                               "loop's decode step as a CUDA graph")
+    compile_decode: bool = Field(True, description="transformers backend on GPU: compile the static loop's "
+                                 "decode step (torch.compile) before capturing it; fewer, fused kernels")
 
     max_turns: int = Field(4, ge=1, le=1024, description="with an environment (env.name or env.address): "
                            "most model turns of one episode; an episode still running then is ended")
@@ -237,6 +239,9 @@ class LearnerConfig(ServiceEndpointConfig):
     pack_sequences: bool = Field(False, description="pack several samples into one model row (position ids "
                                  "restart per sample, block-diagonal causal attention) instead of padding; "
                                  "micro_batch_tokens then counts real tokens")
+    fused_kernels: Literal["auto", "liger", "none"] = Field(
+        "auto", description="fused Triton kernels for RMSNorm, rotary and SwiGLU from Liger Kernel; auto: on a "
+        "GPU when liger-kernel is installed and the model is Llama/Qwen2/Qwen3/Mistral")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
                                          "(non-reentrant): less memory, ~1/3 more compute; pair with "
                                          "a larger micro_batch_tokens")

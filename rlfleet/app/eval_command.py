@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         device = resolve_device(cfg.rollout.device)
         engine = HFEngine(
             model_path, device, resolve_dtype(cfg.model.dtype, device), cfg.rollout.max_batch_sequences,
-            cfg.rollout.hf_decode, cfg.rollout.cuda_graphs,
+            cfg.rollout.hf_decode, cfg.rollout.cuda_graphs, cfg.rollout.compile_decode,
         )
         generate = engine.generate
         if env_address is not None:  # every sample an episode, played by the rollout's agent loop

@@ -211,7 +211,8 @@ class SftTrainer:
         rollout = self.cfg.rollout
         self.scorer = reward_scorer(self.cfg)
         self.engine = HFEngine(self.plan.model_path, self.device, self.dtype,
-                               rollout.max_batch_sequences, rollout.hf_decode, rollout.cuda_graphs)
+                               rollout.max_batch_sequences, rollout.hf_decode, rollout.cuda_graphs,
+                               rollout.compile_decode)
         max_prompt = resolve_prompt_length(self.cfg.data.max_prompt_length, rollout.max_new_tokens,
                                            self.plan.model_path, str(self.plan.model_path))
         self.prompts, too_long = load_prompts(self.plan.val_files, self.engine.tokenizer,

@@ -22,6 +22,7 @@ from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.ipc import IpcWeightSender
 from services.learner.batching import validate_samples
 from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
+from services.learner.fused_kernels import apply_fused_kernels
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
@@ -44,6 +45,7 @@ class Learner:
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+        self.fused_kernels = apply_fused_kernels(base, cfg.fused_kernels, device)
         if cfg.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad (frozen embeddings under LoRA) and
             # with the chunked lm_head, and is the variant torch recommends.

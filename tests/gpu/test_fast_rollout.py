@@ -32,9 +32,10 @@ def _rows(count: int) -> list[list[int]]:
             for n in torch.randint(3, 40, (count,), generator=g)]
 
 
-def test_graph_replayed_greedy_decode_matches_generate_and_follows_in_place_weight_updates():
+@pytest.mark.parametrize("compile_decode", [False, True], ids=["eager-step", "compiled-step"])
+def test_graph_replayed_greedy_decode_matches_generate_and_follows_in_place_weight_updates(compile_decode):
     model, rows = _model(0), _rows(48)  # 48 rows: a batch bucket of 64, so padding rows are replayed too
-    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=True)
+    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=True, compile_decode=compile_decode)
     params = SamplingParams(temperature=0.0, max_new_tokens=64)
     ours, _ = generator.generate(rows, params)
     # the step really was captured

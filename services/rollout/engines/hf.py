@@ -34,7 +34,7 @@ log = structlog.get_logger(__name__)
 class HFEngine(RolloutEngine):
     def __init__(self, model_path: Path, device: torch.device, dtype: torch.dtype,
                  max_batch_sequences: int = 256,
-                 decode: str = "auto", cuda_graphs: bool = True):
+                 decode: str = "auto", cuda_graphs: bool = True, compile_decode: bool = True):
         self._device = device
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
@@ -45,19 +45,19 @@ class HFEngine(RolloutEngine):
         pad_id = self.tokenizer.pad_token_id
         self.pad_id = pad_id if pad_id is not None else self.eos_ids[0]
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        self._static = self._static_generator(decode, cuda_graphs)
+        self._static = self._static_generator(decode, cuda_graphs, compile_decode)
         self._lock = threading.Lock()
         self.policy_version = 0
         self._weights = InProcessWeightSync(device, self.apply_weights)
 
-    def _static_generator(self, decode: str, cuda_graphs: bool) -> StaticGenerator | None:
+    def _static_generator(self, decode: str, cuda_graphs: bool, compile_decode: bool) -> StaticGenerator | None:
         """rlfleet's decode loop unless `generate` was asked for; `auto` falls back to generate()
         for architectures the loop does not run, `static` insists (rollout.hf_decode)."""
         if decode == "generate":
             return None
         reason = unsupported_reason(self.model)
         if reason is None:
-            return StaticGenerator(self.model, self.pad_id, self.eos_ids, cuda_graphs)
+            return StaticGenerator(self.model, self.pad_id, self.eos_ids, cuda_graphs, compile_decode)
         if decode == "static":
             raise ConfigError("rollout.hf_decode=static: the static decode loop cannot run this model "
                               f"({reason}); "
@@ -163,4 +163,5 @@ class HFEngine(RolloutEngine):
 def create_engine(model_path: Path, device: torch.device, dtype: torch.dtype, cfg: RolloutConfig,
                   seed: int) -> HFEngine:
     """`rollout.backend=hf` (registered in rlfleet.extensions.ROLLOUT_ENGINES)."""
-    return HFEngine(model_path, device, dtype, cfg.max_batch_sequences, cfg.hf_decode, cfg.cuda_graphs)
+    return HFEngine(model_path, device, dtype, cfg.max_batch_sequences, cfg.hf_decode, cfg.cuda_graphs,
+                    cfg.compile_decode)

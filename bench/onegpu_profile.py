@@ -1,0 +1,185 @@
+"""Where the real one-GPU job's step goes: decode and learner variants on the real model and prompts.
+
+Loads the real model (e.g. SmolLM2-135M from `rlfleet model import`) and `--prompts` prompts of the
+job's data, then in one run on one GPU:
+  decode    rlfleet's decode loop on `--prompts` x `--n` rows at the job's temperature and budget,
+            CUDA graphs with the step eager (rollout.compile_decode=false) and compiled (the default):
+            time per generation, decode steps, ms per step, new tokens/s, response-length spread
+  learner   one GRPO train step on the rows it generated (real lengths, responses ending at EOS),
+            per learner variant (fused kernels x packing x chunked log-probs): ms per step, tokens/s
+  profile   the top GPU kernels of one train step of the first and the last learner variant
+Usage: python bench/onegpu_profile.py --model DIR --data train.parquet [--out F.json]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LEARNER_VARIANTS = {  # name: LearnerConfig options
+    "padded/none": {"fused_kernels": "none"},
+    "padded/liger": {"fused_kernels": "liger"},
+    "packed/liger": {"fused_kernels": "liger", "pack_sequences": True},
+    "chunked/liger": {"fused_kernels": "liger", "logprob_chunk_tokens": 8192},
+    "both/liger": {"fused_kernels": "liger", "pack_sequences": True, "logprob_chunk_tokens": 8192},
+    "both/none": {"fused_kernels": "none", "pack_sequences": True, "logprob_chunk_tokens": 8192},
+}
+
+
+DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def load_rows(data: Path, tokenizer, count: int, skip: int) -> list[list[int]]:
+    from rlfleet.data.prompts import load_prompts
+
+    prompts, _ = load_prompts([data], tokenizer, max_prompt_length=1024)
+    return [p.prompt_ids for p in prompts[skip:skip + count]]
+
+
+def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args) -> tuple[dict, list]:
+    from rlfleet.types import SamplingParams
+    from services.rollout.engines.static_generate import StaticGenerator
+
+    eos = [tokenizer.eos_token_id]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.new, seed=0)
+    results, generated = {}, []
+    for arm, compiled in (("graphs", False), ("compiled", True)):
+        gen = StaticGenerator(model, pad, eos, cuda_graphs=True, compile_decode=compiled)
+        times, steps, new_tokens, lengths = [], [], [], []
+        for i, prompts in enumerate(rows_per_batch):
+            rows = [r for r in prompts for _ in range(n)]
+            _sync()
+            t0 = time.perf_counter()
+            tokens, logprobs = gen.generate(rows, params)
+            _sync()
+            seconds = time.perf_counter() - t0
+            ends = [(row.index(eos[0]) + 1 if eos[0] in row else len(row)) for row in tokens.tolist()]
+            if i == 0:
+                results[f"{arm}/first_call_s"] = seconds  # capture (and compilation) included
+                continue
+            times.append(seconds)
+            steps.append(tokens.shape[1])
+            new_tokens.append(sum(ends))
+            lengths += ends
+            if compiled and len(generated) < 1:
+                generated.append((rows, tokens, logprobs, ends))
+        s = statistics.median(times)
+        results[arm] = {"generate_s": s, "steps": statistics.median(steps), "ms_per_step": s / statistics.median(steps) * 1e3,
+                        "new_tok_s": statistics.median(new_tokens) / s,
+                        "response_len": {"mean": statistics.mean(lengths), "p50": statistics.median(lengths),
+                                         "p90": sorted(lengths)[int(0.9 * len(lengths))], "max": max(lengths)},
+                        "first_call_s": results.pop(f"{arm}/first_call_s")}
+        print(f"decode {arm:9s} {s * 1e3:7.0f} ms/generation  {results[arm]['steps']:.0f} steps  "
+              f"{results[arm]['ms_per_step']:.2f} ms/step  {results[arm]['new_tok_s']:,.0f} new tok/s  "
+              f"first call {results[arm]['first_call_s']:.1f} s  lengths {results[arm]['response_len']}", flush=True)
+        del gen
+        gc.collect()
+        torch.cuda.empty_cache()
+    return results, generated
+
+
+def train_batches(generated, steps: int):
+    from rlfleet.types import TrainBatch, TrainSample
+
+    rows, tokens, logprobs, ends = generated[0]
+    samples = []
+    for i, (prompt, end) in enumerate(zip(rows, ends)):
+        samples.append(TrainSample(prompt, tokens[i, :end].tolist(), logprobs[i, :end].tolist(),
+                                   1.0 if i % 3 == 0 else -0.5, 0))
+    return [TrainBatch(step=s + 1, samples=samples, temperature=1.0) for s in range(steps + 1)]
+
+
+def top_kernels(fn, count: int = 12) -> list[tuple[str, float, int]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in rows)
+    print(f"  kernels: {sum(e.count for e in rows)}, GPU time {total / 1e3:.1f} ms", flush=True)
+    out = [(e.key[:90], e.self_device_time_total / 1e3, e.count) for e in rows[:count]]
+    for key, ms, calls in out:
+        print(f"    {ms:8.2f} ms {calls:6d}x  {key}")
+    return out
+
+
+def learner(model_dir: Path, batches, args) -> dict:
+    from rlfleet.config import LearnerConfig
+    from services.learner.learner import Learner
+
+    results = {}
+    names = [n for n in args.variants.split(",") if n]
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[0].samples)
+    for j, name in enumerate(names):
+        with tempfile.TemporaryDirectory() as ckpt:
+            lrn = Learner(LearnerConfig(lr=1e-7, micro_batch_tokens=args.micro_batch_tokens,
+                                        **LEARNER_VARIANTS[name]),
+                          model_dir, DEVICE, DTYPE, Path(ckpt), max_response_tokens=args.new)
+            lrn.train(batches[0])
+            times = []
+            for b in batches[1:]:
+                _sync()
+                t0 = time.perf_counter()
+                lrn.train(b)
+                _sync()
+                times.append(time.perf_counter() - t0)
+            s = statistics.median(times)
+            results[name] = {"train_s": s, "tokens_per_s": tokens / s}
+            print(f"learner {name:14s} {s * 1e3:7.0f} ms/step  {tokens / s:,.0f} tok/s ({tokens} real tokens)",
+                  flush=True)
+            if j in (0, len(names) - 1) and DEVICE.type == "cuda":
+                results[name]["top_kernels"] = top_kernels(lambda: lrn.train(batches[1]))
+            del lrn
+            gc.collect()
+            torch.cuda.empty_cache()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--generations", type=int, default=4, help="timed generations per decode arm (+1 warm-up)")
+    ap.add_argument("--train-steps", type=int, default=3)
+    ap.add_argument("--micro-batch-tokens", type=int, default=32768)
+    ap.add_argument("--variants", default=",".join(LEARNER_VARIANTS))
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke check of the script (tiny model)")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    global DEVICE, DTYPE
+    DEVICE = torch.device(args.device)
+    DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPE).to(DEVICE).eval().requires_grad_(False)
+    batches = [load_rows(args.data, tokenizer, args.prompts, i * args.prompts) for i in range(args.generations + 1)]
+    report = {"args": {k: str(v) for k, v in vars(args).items()}}
+    report["decode"], generated = decode(model, tokenizer, batches, args.n, args)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    report["learner"] = learner(args.model, train_batches(generated, args.train_steps), args)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Liger's fused kernels on the learner's model (learner.fused_kernels): the same token log-probs and
+the same gradients as transformers' own modules, for the architectures `auto` turns them on for."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from services.learner.batching import collate
+from services.learner.forward import policy_logprobs
+from services.learner.fused_kernels import apply_fused_kernels
+from tests.unit.test_static_decode import SHAPE
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytest.importorskip("liger_kernel")
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        if kind == "qwen2":
+            return Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True))
+        return LlamaForCausalLM(LlamaConfig(**SHAPE))
+
+
+def _samples():
+    from rlfleet.types import TrainSample
+
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for p, r in [(5, 9), (12, 3), (7, 14), (3, 6)]:
+        ids = torch.randint(2, SHAPE["vocab_size"], (p + r,), generator=g).tolist()
+        out.append(TrainSample(prompt_ids=ids[:p], response_ids=ids[p:], behaviour_logprobs=[-1.0] * r,
+                               advantage=1.0, generation_version=0, reward=1.0))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_liger_kernels_give_the_same_logprobs_and_gradients(kind):
+    results = []
+    for setting in ("none", "liger"):
+        model = _model(kind)
+        assert apply_fused_kernels(model, setting, torch.device("cuda")) == setting
+        mb = collate(_samples(), 0, torch.device("cuda"))
+        logprobs, _ = policy_logprobs(model, mb, 1.0)
+        (logprobs * mb.response_mask_B_T).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((logprobs.detach(), grads))
+    (plain_lp, plain_g), (liger_lp, liger_g) = results
+    torch.testing.assert_close(liger_lp, plain_lp, atol=2e-4, rtol=0)
+    assert (liger_g - plain_g).norm() / plain_g.norm() < 1e-3
