@@ -179,3 +179,27 @@ def test_engine_gives_the_same_completions_by_either_decode_path(tiny_model_dir,
     cut = [c for _, cs in results["static", ("pl",)] for c in cs]
     assert all(text.endswith("pl") and reason == "stop"
                for _, text, reason in cut)  # cut right after the stop string
+
+
+def test_compiled_layer_regions_compute_the_same_step():
+    """rollout.compile_decode: the compiled regions before and after the attention (one compilation
+    shared by every layer) give the eager step's logits and cache writes."""
+    from services.rollout.engines.decoder import KVCache, StaticDecoder
+
+    model = _model("qwen3")
+    results = []
+    for compiled in (False, True):
+        torch.manual_seed(3)
+        cache = KVCache.allocate(model, 4, 16)
+        cache.keys.normal_()
+        cache.values.normal_()
+        valid = torch.zeros(4, 16, dtype=torch.bool)
+        valid[:, :6] = True
+        with torch.no_grad():
+            logits = StaticDecoder(model, compile_layers=compiled).step(
+                cache, torch.tensor([5, 6, 7, 8]), torch.tensor([6, 5, 4, 6]), torch.tensor([6]), valid)
+        results.append((logits, cache.keys.clone(), valid.clone()))
+    (eager, eager_keys, eager_valid), (compiled, compiled_keys, compiled_valid) = results
+    torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(compiled_keys, eager_keys, atol=1e-5, rtol=1e-5)
+    assert torch.equal(compiled_valid, eager_valid) and bool(compiled_valid[:, 6].all())

@@ -75,20 +75,47 @@ def _project_qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin:
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
+def _pre_attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's layer input [B, 1, H] to queries [B, KV, groups, D] (the heads sharing a kv head
+    become that kv head's queries, so no key/value is repeated) and keys/values [B, KV, 1, D]."""
+    attn = layer.self_attn
+    q, k, v = _project_qkv(attn, layer.input_layernorm(h), cos, sin)
+    return q.reshape(h.shape[0], -1, groups, attn.head_dim), k, v
+
+
+def _post_attention(layer: torch.nn.Module, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer: output projection, residual, post-attention norm, MLP, residual."""
+    h = h + layer.self_attn.o_proj(out.reshape(h.shape[0], 1, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
 class StaticDecoder:
     """Runs `model` (one of SUPPORTED_MODEL_TYPES) over a KVCache.
 
     Rows are left-padded; `valid` [B, length] marks the cache columns a row may attend to
     (its prompt tokens, then each generated token as it is written).
+
+    With `compile_layers` (GPU) a decode step's two per-layer regions, before and after the
+    attention, are compiled with torch.compile: a small model's step is bound by its kernel count
+    (a few dozen small kernels per layer, launched one after another even from a CUDA graph), and
+    the compiler fuses each region's norm, rotary embedding, residual adds and activation. One
+    compilation serves every layer (they share code and shapes) and every batch and cache size
+    (dynamic shapes). The cache writes and the attention stay outside the compiled regions, so
+    the compiler never copies the cache to make an in-place write functional.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, compile_layers: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the static decode loop cannot run this model: {reason}")
         self.model = model
         self.layers = list(model.model.layers)
         self.groups = model.config.num_attention_heads // model.config.num_key_value_heads
+        self.pre_attention, self.post_attention = _pre_attention, _post_attention
+        if compile_layers:
+            self.pre_attention = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
+            self.post_attention = torch.compile(_post_attention, dynamic=True, fullgraph=True)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.model.model.norm(h)).float()
@@ -116,49 +143,20 @@ class StaticDecoder:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self._logits(h[:, -1])
 
-    def step(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
-             valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One token per row: ids [B] at rotary positions [B], attending to the cache columns
-        `valid` [B, L] marks and to itself. Returns the logits [B, V] and the token's keys and values
-        [layers, B, KV, D]; the caller writes them into the cache (`write`).
-
-        Reads the cache only: a compiled step (torch.compile) then never copies it, as it would
-        to functionalise an in-place write. No host synchronisation: safe to capture in a CUDA graph."""
-        batch = ids.shape[0]
+    def step(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, column: torch.Tensor,
+             valid: torch.Tensor) -> torch.Tensor:
+        """One token per row: ids [B] at rotary positions [B], written to cache column `column`
+        (a 1-element long tensor, so a captured graph reads it each replay). Returns logits [B, V].
+        No host synchronisation: safe to capture in a CUDA graph."""
+        valid.index_fill_(1, column, True)
         mask = valid[:, None, None, :]  # [B, 1, 1, L]: broadcast over kv heads and their query heads
         h = self.model.model.embed_tokens(ids[:, None])
         cos, sin = self.model.model.rotary_emb(h, positions[:, None])
-        new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            q, k, v = _project_qkv(attn, layer.input_layernorm(h), cos, sin)
-            # One query per head: the heads sharing a kv head become that kv head's queries,
-            # so no key/value is repeated: q [B, KV, groups, D] against [B, KV, L, D].
-            q = q.reshape(batch, -1, self.groups, attn.head_dim)
-            out = _attend_cache_and_self(q, cache.keys[i], cache.values[i], k, v, mask, attn.scaling)
-            new_keys.append(k[:, :, 0])
-            new_values.append(v[:, :, 0])
-            h = h + attn.o_proj(out.reshape(batch, 1, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self._logits(h[:, 0]), torch.stack(new_keys), torch.stack(new_values)
-
-    @staticmethod
-    def write(cache: KVCache, column: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor) -> None:
-        """Stores a step's keys/values [layers, B, KV, D] in cache column `column` (a 1-element long
-        tensor, read on each graph replay) and marks it valid: three kernels for all layers."""
-        cache.keys.index_copy_(3, column, keys.unsqueeze(3))
-        cache.values.index_copy_(3, column, values.unsqueeze(3))
-        valid.index_fill_(1, column, True)
-
-
-def _attend_cache_and_self(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key: torch.Tensor,
-                           value: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of q [B, KV, G, D] over the cached columns keys/values [B, KV, L, D] that `mask`
-    [B, 1, 1, L] allows, plus the token's own key/value [B, KV, 1, D]; softmax in float32.
-    Returns [B, KV, G, D]."""
-    cached = torch.matmul(q, keys.transpose(-1, -2)).float() * scale  # [B, KV, G, L]
-    cached = cached.masked_fill(~mask, float("-inf"))
-    own = (q.float() * key.float()).sum(-1, keepdim=True) * scale  # [B, KV, G, 1]
-    weights = torch.softmax(torch.cat([cached, own], dim=-1), dim=-1).to(q.dtype)
-    return torch.matmul(weights[..., :-1], values) + weights[..., -1:] * value
+            q, k, v = self.pre_attention(layer, h, cos, sin, self.groups)
+            keys, values = cache.keys[i], cache.values[i]
+            keys.index_copy_(2, column, k)
+            values.index_copy_(2, column, v)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scaling)
+            h = self.post_attention(layer, h, out)
+        return self._logits(h[:, 0])

@@ -2,11 +2,6 @@
 
 A slot is keyed by (batch bucket, cache length bucket), so chunks of similar size reuse one
 capture; a few slots are kept (least recently used goes first) because each holds a cache.
-
-On a GPU the model pass of the step is also compiled (torch.compile, `rollout.compile_decode`)
-before it is captured: a small model's decode step is bound by its kernel count (a few dozen
-small kernels per layer, launched even from a graph one after another), and the compiler fuses
-each layer's norms, rotary embedding, residual adds and activation into a few kernels.
 """
 from __future__ import annotations
 
@@ -34,10 +29,8 @@ class DecodeSlot:
     `step()` returns the logits [B, V]; with a CUDA graph they live in the graph's output
     buffer and are overwritten by the next replay."""
 
-    def __init__(self, decoder: StaticDecoder, batch: int, length: int, capture: bool, pool=None,
-                 step_fn=None):
+    def __init__(self, decoder: StaticDecoder, batch: int, length: int, capture: bool, pool=None):
         self.decoder = decoder
-        self.step_fn = step_fn or decoder.step  # the model pass, compiled or not
         self.cache = KVCache.allocate(decoder.model, batch, length)
         device = self.cache.keys.device
         self.ids = torch.zeros(batch, dtype=torch.long, device=device)
@@ -53,9 +46,7 @@ class DecodeSlot:
         return self.cache.batch
 
     def _eager(self) -> torch.Tensor:
-        logits, keys, values = self.step_fn(self.cache, self.ids, self.positions, self.valid)
-        self.decoder.write(self.cache, self.column, self.valid, keys, values)
-        return logits
+        return self.decoder.step(self.cache, self.ids, self.positions, self.column, self.valid)
 
     def _capture(self, pool) -> None:
         # Warm-up runs on a side stream first: cuBLAS handles and workspaces are created
@@ -81,13 +72,10 @@ class DecodeSlot:
 class SlotCache:
     """The most recently used DecodeSlots, created (and captured) on first use."""
 
-    def __init__(self, decoder: StaticDecoder, capture: bool, keep: int = 2, compile_step: bool = False):
+    def __init__(self, decoder: StaticDecoder, capture: bool, keep: int = 2):
         self.decoder, self.capture, self.keep = decoder, capture, keep
         self._slots: OrderedDict[tuple[int, int], DecodeSlot] = OrderedDict()
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        # One compiled function for every slot, with symbolic batch and cache length: compiled once
-        # per process, whatever buckets the job's generations fall into.
-        self._step_fn = torch.compile(decoder.step, fullgraph=True, dynamic=True) if compile_step else decoder.step
 
     def get(self, rows: int, tokens: int) -> DecodeSlot:
         key = (batch_bucket(rows), length_bucket(tokens))
@@ -95,6 +83,6 @@ class SlotCache:
         if slot is None:
             while len(self._slots) >= self.keep:
                 self._slots.popitem(last=False)
-            slot = DecodeSlot(self.decoder, *key, capture=self.capture, pool=self._pool, step_fn=self._step_fn)
+            slot = DecodeSlot(self.decoder, *key, capture=self.capture, pool=self._pool)
         self._slots[key] = slot
         return slot

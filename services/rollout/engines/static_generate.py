@@ -34,11 +34,11 @@ def left_padded(rows: list[list[int]], width: int,
 class StaticGenerator:
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: list[int], cuda_graphs: bool,
                  compile_decode: bool = False):
-        self.decoder = StaticDecoder(model)
         self.device = next(model.parameters()).device
-        self.pad_id, self.eos_ids = pad_id, eos_ids
         on_gpu = self.device.type == "cuda"
-        self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu, compile_step=compile_decode and on_gpu)
+        self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu)
+        self.pad_id, self.eos_ids = pad_id, eos_ids
+        self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu)
 
     @torch.no_grad()
     def generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
