@@ -231,26 +231,35 @@ class LearnerConfig(ServiceEndpointConfig):
                             "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
                             "(docs/deployment/multi-gpu-learner.md)")
 
-    logprob_chunk_tokens: int = Field(0, ge=0, description="compute log-probs/entropies through the lm_head "
-                                      "this many tokens at a time, recomputing each chunk's logits in "
-                                      "backward, so full-vocabulary logits never exist for the whole "
-                                      "micro-batch; 0 materialises all logits (e.g. 4096 for a 150k "
-                                      "vocabulary)")
-    pack_sequences: bool = Field(False, description="pack several samples into one model row (position ids "
-                                 "restart per sample, block-diagonal causal attention) instead of padding; "
-                                 "micro_batch_tokens then counts real tokens")
-    fused_kernels: Literal["auto", "liger", "none"] = Field(
-        "auto", description="fused Triton kernels for RMSNorm, rotary and SwiGLU from Liger Kernel; auto: on a "
-        "GPU when liger-kernel is installed and the model is Llama/Qwen2/Qwen3/Mistral")
+    logprob_chunk_tokens: int | None = Field(
+        None, ge=0, description="compute log-probs/entropies through the lm_head this many tokens at a time, "
+        "recomputing each chunk's logits in backward, so full-vocabulary logits never exist for the whole "
+        "micro-batch; 0 materialises all logits; null: 8192 for a single-process learner on a GPU, else 0")
+    pack_sequences: bool | None = Field(
+        None, description="pack several samples into one model row (position ids restart per sample, "
+        "block-diagonal causal attention) instead of padding; micro_batch_tokens then counts real tokens; "
+        "null: on for a single-process learner on a GPU, else off")
+    fused_kernels: Literal["none", "liger", "auto"] = Field(
+        "none", description="fused Triton kernels for RMSNorm, rotary and SwiGLU from Liger Kernel (liger; "
+        "auto: where it can run: a GPU, liger-kernel installed, a Llama/Qwen2/Qwen3/Mistral model); off by "
+        "default: no faster with packing and chunked log-probs on the models measured (docs/performance.md)")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
                                          "(non-reentrant): less memory, ~1/3 more compute; pair with "
                                          "a larger micro_batch_tokens")
+
+    def forward_layout(self, on_gpu: bool) -> tuple[int, bool]:
+        """(logprob_chunk_tokens, pack_sequences) as they run, the nulls resolved: on for a single-process
+        learner on a GPU, where they won on real batches (docs/performance.md), else off."""
+        auto = on_gpu and self.world_size == 1
+        chunk = self.logprob_chunk_tokens if self.logprob_chunk_tokens is not None else (8192 if auto else 0)
+        pack = self.pack_sequences if self.pack_sequences is not None else auto
+        return chunk, pack
 
     @model_validator(mode="after")
     def _sharded_options(self) -> LearnerConfig:
         # The sharded learner (services/learner/fsdp.py) runs the plain forward: chunking reads the
         # lm_head weight outside the FSDP-wrapped forward, where it is still sharded.
-        if self.world_size > 1 and (self.logprob_chunk_tokens > 0 or self.pack_sequences):
+        if self.world_size > 1 and ((self.logprob_chunk_tokens or 0) > 0 or self.pack_sequences):
             raise ValueError("learner.logprob_chunk_tokens and learner.pack_sequences are single-process "
                              "options for now; set them to 0/false with learner.world_size > 1")
         return self

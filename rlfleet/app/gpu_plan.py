@@ -73,7 +73,7 @@ def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path:
     _, share = shares(cfg.rollout.gpu_memory_utilization, learner_cfg.gpu_memory_utilization, shared)
     need = learner_bytes(_model_shape(model_path), torch.finfo(dtype).bits // 8,
                          learner_cfg.micro_batch_tokens,
-                         learner_cfg.gradient_checkpointing, learner_cfg.logprob_chunk_tokens)
+                         learner_cfg.gradient_checkpointing, learner_cfg.forward_layout(on_gpu=True)[0])
     total = torch.cuda.get_device_properties(device).total_memory
     check("the learner", need, share, total, "learner.gpu_memory_utilization",
           "learner.micro_batch_tokens, or set learner.gradient_checkpointing=true / "

@@ -24,10 +24,11 @@ class ForwardSettings:
     pack_sequences: bool = False
 
     @classmethod
-    def of(cls, learner_cfg) -> ForwardSettings:
-        if learner_cfg.pack_sequences:
+    def of(cls, learner_cfg, device: torch.device) -> ForwardSettings:
+        chunk, pack = learner_cfg.forward_layout(on_gpu=device.type == "cuda")
+        if pack:
             _require_packed_masks()
-        return cls(learner_cfg.logprob_chunk_tokens, learner_cfg.pack_sequences)
+        return cls(chunk, pack)
 
 
 def _require_packed_masks() -> None:

@@ -202,4 +202,4 @@ def build_policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     return PolicyUpdate(model, optimizer, algo, grad_clip=learner_cfg.grad_clip,
                         micro_batch_tokens=learner_cfg.micro_batch_tokens, pad_id=pad_id, device=device,
                         loss_scale_tokens=algo.loss_scale_tokens or max_response_tokens,
-                        reference=reference, critic=critic, forward=ForwardSettings.of(learner_cfg))
+                        reference=reference, critic=critic, forward=ForwardSettings.of(learner_cfg, device))

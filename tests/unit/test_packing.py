@@ -143,8 +143,19 @@ def test_packing_is_refused_where_transformers_cannot_mask_packed_sequences(monk
     from rlfleet.config import LearnerConfig
     from services.learner.forward import ForwardSettings
 
-    assert ForwardSettings.of(LearnerConfig(pack_sequences=True)).pack_sequences
+    assert ForwardSettings.of(LearnerConfig(pack_sequences=True), torch.device("cpu")).pack_sequences
     monkeypatch.delattr(masking_utils, "find_packed_sequence_indices")
     with pytest.raises(ValueError, match="learner.pack_sequences"):
-        ForwardSettings.of(LearnerConfig(pack_sequences=True))
-    assert not ForwardSettings.of(LearnerConfig()).pack_sequences  # packing off: no requirement
+        ForwardSettings.of(LearnerConfig(pack_sequences=True), torch.device("cpu"))
+    assert not ForwardSettings.of(LearnerConfig(), torch.device("cpu")).pack_sequences  # packing off: no requirement
+
+
+def test_packing_and_chunked_logprobs_default_on_for_a_single_gpu_learner_only():
+    """learner.pack_sequences / logprob_chunk_tokens left null: on where they won (one process on a
+    GPU), off elsewhere; an explicit setting always wins."""
+    assert LearnerConfig().forward_layout(on_gpu=True) == (8192, True)
+    assert LearnerConfig().forward_layout(on_gpu=False) == (0, False)
+    assert LearnerConfig(world_size=2).forward_layout(on_gpu=True) == (0, False)
+    assert LearnerConfig(pack_sequences=False, logprob_chunk_tokens=0).forward_layout(on_gpu=True) == (0, False)
+    assert LearnerConfig(pack_sequences=True, logprob_chunk_tokens=512).forward_layout(on_gpu=False) == (512, True)
+    assert ForwardSettings.of(LearnerConfig(), torch.device("cpu")) == ForwardSettings(0, False)

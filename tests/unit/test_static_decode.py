@@ -203,3 +203,21 @@ def test_compiled_layer_regions_compute_the_same_step():
     torch.testing.assert_close(compiled, eager, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(compiled_keys, eager_keys, atol=1e-5, rtol=1e-5)
     assert torch.equal(compiled_valid, eager_valid) and bool(compiled_valid[:, 6].all())
+
+
+def test_repeated_prompts_are_prefilled_once_and_decode_as_generate_does(monkeypatch):
+    """A GRPO group's n rows share their prompt: it is prefilled once and copied to each row's cache."""
+    model = _model("llama")
+    rows = [r for r in ROWS for _ in range(3)]  # 5 distinct prompts, 3 rows each
+    generator = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
+    prefilled = []
+    real_prefill = generator.decoder.prefill
+    monkeypatch.setattr(generator.decoder, "prefill",
+                        lambda cache, ids, *a: prefilled.append(ids.shape[0]) or real_prefill(cache, ids, *a))
+    ours, our_logprobs = generator.generate(rows, SamplingParams(temperature=0.0, max_new_tokens=16))
+    assert sum(prefilled) == len(ROWS) + 1  # the distinct prompts, and one bucket padding row
+    theirs, their_logprobs = transformers_greedy(model, rows, 16)
+    assert torch.equal(ours, theirs)
+    for row in range(len(rows)):
+        torch.testing.assert_close(_until_eos(ours, our_logprobs, row), _until_eos(theirs, their_logprobs, row),
+                                   atol=1e-4, rtol=0)

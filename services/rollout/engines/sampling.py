@@ -3,7 +3,8 @@
 Same order of processing (eos forbidden on the first token, temperature, top-k, top-p) and
 the same logprob convention as the rest of the rollout: log-softmax of the temperature-scaled
 logits before any filtering. Sampling uses the exponential race (argmax of p / E, E ~ Exp(1)),
-which draws from p without the host synchronisation torch.multinomial makes.
+which draws from p without the host synchronisation torch.multinomial makes (computed as
+argmax(logits - log E), with no softmax).
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ class TokenSampler:
         else:
             choice = self._filter(choice)
             noise = torch.empty_like(choice).exponential_(generator=self.generator)
-            tokens = (torch.softmax(choice, dim=-1) / noise).argmax(dim=-1)
+            # argmax(p / E) = argmax(log p - log E), and log p differs from the logits by a constant
+            # per row: no softmax pass over the vocabulary is needed.
+            tokens = (choice - noise.log_()).argmax(dim=-1)
         # log-softmax at the chosen token only: the [B, V] log-softmax is never written out
         return tokens, scaled.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
 

@@ -58,7 +58,7 @@ class StaticGenerator:
         logprobs = torch.zeros((batch, new), dtype=torch.float32, device=self.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
         finished[len(rows):] = True  # bucket padding rows never hold generation up
-        logits = self._prefill(slot.cache, ids, positions, slot.valid)
+        logits = self._prefill_distinct(slot.cache, ids, positions, slot.valid, rows)
         steps = new
         for t in range(new):
             if t:
@@ -74,6 +74,27 @@ class StaticGenerator:
                 steps = t + 1
                 break
         return tokens[:len(rows), :steps].cpu(), logprobs[:len(rows), :steps].cpu()
+
+    def _prefill_distinct(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                          rows: list[list[int]]) -> torch.Tensor:
+        """Prefills each distinct prompt once (a GRPO group's n rows share one) into the first cache
+        rows, then copies every row's prompt keys/values from its prompt's; returns logits [batch, V]."""
+        keys = [tuple(r) for r in rows] + [(self.pad_id,)] * (ids.shape[0] - len(rows))  # + bucket padding
+        first_row: dict[tuple[int, ...], int] = {}
+        for i, key in enumerate(keys):
+            first_row.setdefault(key, i)
+        if len(first_row) == len(keys):
+            return self._prefill(cache, ids, positions, valid)
+        slot_of = {key: k for k, key in enumerate(first_row)}
+        distinct = torch.tensor(list(first_row.values()), device=self.device)
+        count = len(first_row)
+        logits = self._prefill(KVCache(cache.keys[:, :count], cache.values[:, :count]),  # views: writes land in `cache`
+                               ids[distinct], positions[distinct], valid[distinct])
+        index, width = torch.tensor([slot_of[key] for key in keys], device=self.device), ids.shape[1]
+        for layer in range(cache.keys.shape[0]):  # one layer at a time: the copy's buffer stays small
+            cache.keys[layer, :, :, :width] = cache.keys[layer, index, :, :width]
+            cache.values[layer, :, :, :width] = cache.values[layer, index, :, :width]
+        return logits[index]
 
     def _prefill(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
                  valid: torch.Tensor) -> torch.Tensor:
