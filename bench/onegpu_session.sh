@@ -34,7 +34,8 @@ export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TQDM_DISA
 rlfleet() { python3 -m rlfleet.app.cli "$@"; }
 quiet() { grep -v "Warning\|warn(\|UserWarning"; }
 
-# calculator N [key=value ...]: see the header. ~25 s per evaluation and N multi-turn steps on an H200.
+# calculator N [key=value ...]: see the header. Each command has its own timeout (150 s per evaluation,
+# 330 s for the training run); 16 training samples per step are kept (samples-calc-N.jsonl).
 calculator() {
   local n=$1 name=calc-$1 t
   shift
@@ -52,7 +53,8 @@ calculator() {
   evaluate "$work/models/smollm2-135m" calc-base-tool.json "$@"
   t=$SECONDS
   timeout 330 python3 -m rlfleet.app.cli run "${calc[@]}" run.name="$name" controller.max_steps="$n" \
-    controller.eval_every=0 controller.eval_before_train=false learner.checkpoint_every=0 "$@" 2>&1 \
+    controller.eval_every=0 controller.eval_before_train=false learner.checkpoint_every=0 \
+    controller.samples_per_step=16 "$@" 2>&1 \
     | quiet | grep -v '"event": "step"' | tail -6
   echo "--- run: $((SECONDS - t)) s"
   cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
