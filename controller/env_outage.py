@@ -47,11 +47,13 @@ class EnvOutage:
             self.cause = cause
             if self.state == OUTAGE:
                 return
+            # Journalled first, then admission pauses: each change is in the journal before
+            # admission acts on it (the lock keeps a second failure from telling it again).
+            self._tell(OUTAGE, cause=cause[:300])
             self.state, self.since = OUTAGE, self.clock()
             self.outages += 1
         log.warning(f"environment outage: {cause}; admission paused; the run stops if this lasts "
                     f"env.max_outage_s={self.max_outage_s:g}s")
-        self._tell(OUTAGE, cause=cause[:300])
         threading.Thread(target=self._probe_until_back, name="env-probe", daemon=True).start()
 
     def _probe_until_back(self) -> None:
@@ -66,10 +68,10 @@ class EnvOutage:
         with self._lock:
             if self.state == RUNNING:
                 return
-            self.state = RUNNING
             lasted = self.clock() - self.since
+            self._tell(RUNNING, outage_s=round(lasted, 3))  # journalled before admission resumes
+            self.state = RUNNING
         log.warning(f"environment outage over after {lasted:.1f}s; admission resumes")
-        self._tell(RUNNING, outage_s=round(lasted, 3))
 
     def expired(self) -> EnvOutageExpired | None:
         """The error that stops the run, once the outage is older than env.max_outage_s."""
@@ -83,5 +85,6 @@ class EnvOutage:
         self._stop.set()
 
     def _tell(self, state: str, **fields) -> None:
+        """Called with the lock held, before the state changes: `on_change` must not call back."""
         if self.on_change is not None:
             self.on_change(state, fields)

@@ -20,6 +20,7 @@ import structlog
 
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import Prompt, load_prompts
+from rlfleet.env.tool_prompt import ToolPrompt
 from rlfleet.data.tasks import write_parquet
 from rlfleet.eval.runner import GenerateFn, ScoreFn, run_eval
 from rlfleet.eval.scoring import flat_metrics, summarize
@@ -62,14 +63,15 @@ class PeriodicEval:
         self.episodes = cfg.env.enabled  # validate as trained: multi-turn episodes with the environment
 
     @classmethod
-    def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int) -> PeriodicEval | None:
+    def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int,
+                    tools: ToolPrompt | None = None) -> PeriodicEval | None:
         if cfg.controller.eval_every == 0:
             return None
         files = val_files(cfg)
         if not files:
             log.warning("controller.eval_every is set but data.val_files is empty: no validation")
             return None
-        prompts, too_long = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt_length)
+        prompts, too_long = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt_length, tools)
         log.info("validation prompts loaded", count=len(prompts), filtered_too_long=too_long)
         if too_long:
             print(f"rlfleet: {too_long} validation prompts left out, longer than data.max_prompt_length="

@@ -16,6 +16,7 @@ from rlfleet.errors import CheckpointError
 from rlfleet.models.context import resolve_prompt_length
 from rlfleet.models.identity import architecture, model_summary
 from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
+from rlfleet.rpc.env_describe import job_tool_prompt
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
@@ -66,19 +67,25 @@ class ControllerData:
 
 
 def prepare_data(cfg: JobConfig) -> ControllerData:
-    """Renders and measures the prompts; needs no service, so `rlfleet run` does it while they start."""
+    """Renders and measures the prompts; needs no service but the environment server (its tools),
+    so `rlfleet run` does it while the others start."""
     model_dir = resolve_model_path(cfg.model.path)
     max_prompt = prompt_length_limit(cfg, model_dir)  # an error naming the keys before any work starts
     tokenizer = load_prompt_tokenizer(model_dir)  # no torch here (rlfleet/models/prompt_tokenizer.py)
     files = train_files(cfg)
-    prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt)
+    # The environment's tools go into the prompts (env.tools_in_prompt): it must be serving by now.
+    tools = job_tool_prompt(cfg.env, cfg.controller.connect_timeout_s, tokenizer,
+                            Security.from_config(cfg.security, cfg.limits))
+    if tools is not None:
+        print(f"rlfleet: the environment's tools in every prompt: {tools.summary()}", flush=True)
+    prompts, filtered = load_prompts(files, tokenizer, cfg.data.prompt_key, max_prompt, tools)
     log.info("prompts loaded", count=len(prompts), filtered_too_long=filtered, max_prompt_length=max_prompt)
     print(f"rlfleet: {len(prompts)} training prompts from {', '.join(f.name for f in files)}"
           + (f"; {filtered} left out, longer than data.max_prompt_length={max_prompt} tokens"
              if filtered else ""),
           flush=True)
     return ControllerData(PromptSource(prompts, shuffle=cfg.data.shuffle, seed=cfg.run.seed),
-                          PeriodicEval.from_config(cfg, tokenizer, max_prompt))
+                          PeriodicEval.from_config(cfg, tokenizer, max_prompt, tools))
 
 
 def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Event | None = None,

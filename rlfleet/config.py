@@ -150,6 +150,10 @@ class EnvConfig(Section):
     max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while the "
                                 "environment cannot be reached: admission pauses; after this the run "
                                 "stops with the cause")
+    tools_in_prompt: bool | Literal["auto"] = Field(
+        "auto", description="put the tools the environment describes (Describe) into every chat prompt: as "
+        "the chat template's tools where it renders them, else in a system message naming the "
+        "<tool_call>{json}</tool_call> format. auto: when it describes some; true: it must; false: never")
 
     @property
     def enabled(self) -> bool:

@@ -1,5 +1,6 @@
 """`rlfleet config show [--config F] [key=value ...]`: the resolved job config as YAML, each key
-preceded by its description (and bounds) as a comment. The output is itself a valid job file."""
+preceded by its description (and bounds) as a comment. The output is itself a valid job file.
+`--key env.name` prints that one value instead (nothing for null), for scripts such as the Slurm job."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,8 @@ def add_parser(sub) -> None:
     show.add_argument("--config", "-c", help="job YAML file (default: the embedded default job)")
     show.add_argument("overrides", nargs="*", metavar="key=value",
                       help="dotted overrides, e.g. learner.lr=1e-6 controller.max_staleness=2")
+    show.add_argument("--key", help="print only this dotted key's value (a string as it is, null as "
+                      "nothing, anything else as one line of YAML), e.g. --key env.name")
 
 
 def _bounds(field: FieldInfo) -> str:
@@ -52,5 +55,22 @@ def render(model: BaseModel, indent: int = 0) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from rlfleet.config import load_config
 
-    print("\n".join(render(load_config(args.config, args.overrides))))
+    cfg = load_config(args.config, args.overrides)
+    if args.key:
+        print(value_of(cfg, args.key))
+        return 0
+    print("\n".join(render(cfg)))
     return 0
+
+
+def value_of(cfg: BaseModel, key: str) -> str:
+    from rlfleet.errors import ConfigError
+
+    value: Any = cfg.model_dump(mode="json")
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ConfigError(f"--key {key}: the config has no key {key!r}")
+        value = value[part]
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else _scalar(value)

@@ -214,8 +214,16 @@ def run(args: argparse.Namespace) -> int:
             cfg.data.max_prompt_length, params.max_new_tokens, model_path, str(model_path),
             new_tokens_key="--max-new-tokens" if args.max_new_tokens else "rollout.max_new_tokens",
         )
+        tools = None
+        if env_address is not None:  # the environment's tools in the prompts, as in training
+            from rlfleet.rpc.env_describe import job_tool_prompt
+
+            tools = job_tool_prompt(cfg.env.model_copy(update={"address": env_address}),
+                                    cfg.controller.connect_timeout_s, engine.tokenizer, security)
+            if tools is not None:
+                print(f"rlfleet: the environment's tools in every prompt: {tools.summary()}", flush=True)
         prompts, too_long = load_prompts([Path(f) for f in files], engine.tokenizer, cfg.data.prompt_key,
-                                         max_prompt)
+                                         max_prompt, tools)
         if too_long:
             print(
                 f"rlfleet: {too_long} prompts longer than "

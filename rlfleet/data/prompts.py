@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import structlog
 
+from rlfleet.env.tool_prompt import ToolPrompt
 from rlfleet.errors import DataError
 
 log = structlog.get_logger(__name__)
@@ -48,8 +49,9 @@ def _read_table(path: Path, prompt_key: str) -> list[dict[str, Any]]:
     return table.to_pylist()
 
 
-def render_prompt(raw: Any, tokenizer: Any) -> str:
-    """A message list goes through the tokenizer's chat template; a string is used as is."""
+def render_prompt(raw: Any, tokenizer: Any, tools: ToolPrompt | None = None) -> str:
+    """A message list goes through the tokenizer's chat template (with the environment's `tools`,
+    rlfleet/env/tool_prompt.py); a string is used as is."""
     if isinstance(raw, str):
         return raw
     if isinstance(raw, (list, tuple)) and all(isinstance(m, dict) and "content" in m for m in raw):
@@ -58,6 +60,10 @@ def render_prompt(raw: Any, tokenizer: Any) -> str:
                 raise DataError(f"chat message {j} has content of type {type(m['content']).__name__}; "
                                 "the content of every chat message must be a string")
         messages = [{"role": m.get("role", "user"), "content": m["content"]} for m in raw]
+        if tools is not None and tools.specs:
+            if getattr(tokenizer, "chat_template", None):
+                return tools.render(messages, tokenizer)
+            messages = tools.with_system_message(messages)
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return "\n".join(m["content"] for m in messages)
@@ -78,8 +84,9 @@ def _ground_truth(row: dict[str, Any], path: Path, i: int) -> str:
 
 
 def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
-                 max_prompt_length: int = 512) -> tuple[list[Prompt], int]:
-    """Returns the prompts and how many were filtered out for length."""
+                 max_prompt_length: int = 512, tools: ToolPrompt | None = None) -> tuple[list[Prompt], int]:
+    """Returns the prompts and how many were filtered out for length. `tools`: the environment's
+    tools, put into every chat prompt (rlfleet/env/tool_prompt.py)."""
     prompts: list[Prompt] = []
     too_long = 0
     offset = 0  # rows of the files before this one: a prompt's index is its row in the whole data set
@@ -90,7 +97,7 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
         for i, row in enumerate(tqdm(rows, desc=f"tokenizing {path.name}", unit="prompt", disable=None,
                                      leave=False)):
             try:
-                text = render_prompt(row[prompt_key], tokenizer)
+                text = render_prompt(row[prompt_key], tokenizer, tools)
             except DataError as exc:
                 raise DataError(f"data file {path}, row {i}, column {prompt_key!r}: {exc}") from None
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -106,8 +113,10 @@ def load_prompts(files: list[Path], tokenizer: Any, prompt_key: str = "prompt",
     if too_long:
         log.warning("prompts filtered for length", count=too_long, max_prompt_length=max_prompt_length)
     if not prompts:
+        hint = ("; the environment's tools are in every prompt: env.tools_in_prompt=false leaves them out"
+                if tools is not None and too_long else "")
         raise DataError(f"no usable prompts in {[str(f) for f in files]} ({too_long} longer than "
-                        f"data.max_prompt_length={max_prompt_length})")
+                        f"data.max_prompt_length={max_prompt_length}){hint}")
     return prompts, too_long
 
 

@@ -12,7 +12,7 @@ variables. tests/unit/test_lean_controller_math.py compares both on the built-in
 A folder this cannot read (no tokenizer.json, several named templates) gets AutoTokenizer.
 
 Only the calls the prompt loaders make are offered: `chat_template`,
-`apply_chat_template(messages, tokenize=False, add_generation_prompt=True)` and
+`apply_chat_template(messages, tokenize=False, add_generation_prompt=True, tools=None)` and
 `tokenizer(text, add_special_tokens=False)["input_ids"]`.
 """
 from __future__ import annotations
@@ -33,12 +33,13 @@ class PromptTokenizer:
         self._template = None  # compiled on first use
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = False,
-                            add_generation_prompt: bool = False) -> str:
+                            add_generation_prompt: bool = False,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         if tokenize:
             raise ValueError("PromptTokenizer renders text only (tokenize=False)")
         if self._template is None:
             self._template = compile_chat_template(self.chat_template)
-        return self._template.render(messages=messages, tools=None, documents=None,
+        return self._template.render(messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt, **self.special_tokens)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
@@ -47,6 +48,18 @@ class PromptTokenizer:
 
 def compile_chat_template(source: str):
     """A chat template compiled in the environment transformers renders chat templates in."""
+    return chat_template_environment().from_string(source)
+
+
+def template_variables(source: str) -> set[str]:
+    """The variables a chat template reads from its caller (`messages`, `tools`, …)."""
+    from jinja2 import meta
+
+    return meta.find_undeclared_variables(chat_template_environment().parse(source))
+
+
+def chat_template_environment():
+    """The jinja2 environment transformers renders chat templates in."""
     import jinja2
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -73,7 +86,7 @@ def compile_chat_template(source: str):
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
 
 
 def _special_tokens(config: dict[str, Any]) -> dict[str, str]:

@@ -91,3 +91,12 @@ def result_from_proto(msg: pb.StepResult) -> StepResult:
 def tools_to_proto(tools: tuple[ToolSpec, ...]) -> list[pb.ToolSpec]:
     return [pb.ToolSpec(name=t.name, description=t.description,
                         parameters_json=json.dumps(t.parameters) if t.parameters else "") for t in tools]
+
+
+def tools_from_proto(tools, address: str) -> tuple[ToolSpec, ...]:
+    """The tools of a Describe reply; a parameters_json that is no JSON object is an error naming the tool."""
+    out = []
+    for t in tools:
+        parameters = json_object(t.parameters_json, f"environment {address}: tool {t.name!r} parameters_json")
+        out.append(ToolSpec(name=t.name, description=t.description, parameters=parameters))
+    return tuple(out)

@@ -95,6 +95,25 @@ def test_sbatch_trains_the_default_job_end_to_end(cluster, tmp_path):
 
 
 @pytest.mark.e2e
+def test_sbatch_serves_the_environment_of_a_multi_turn_job(cluster, tmp_path):
+    """env.name without env.address: the environment server is a step of its own on the head node,
+    started first; the rollout service and the controller get its announced address, and the
+    episodes are played against it; it stops with the others when the controller is done."""
+    info, out, run_dir = _submit(cluster, tmp_path, "env.name=digits_game", "rollout.max_turns=2",
+                                 "controller.max_steps=2")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), f"{out}\n{cluster.logs()}"
+    address = json.loads((run_dir / "services" / "env.json").read_text())["address"]
+    assert f"environment digits_game at {address}" in out and f"env SERVING at {address}" in out
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:  # every sample an episode of the game, none failed
+        assert m["env/episodes"] == 64 and m["env/failed"] == 0 and m["env/with_env_reward"] == 64
+    env_out = (run_dir / "logs" / "env.out").read_text()
+    assert f"serving on {address}" in env_out, env_out[-2000:]
+    assert "Traceback" not in env_out
+
+
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_service_that_fails_ends_the_job_and_is_named(cluster, tmp_path):
     info, out, run_dir = _submit(cluster, tmp_path, "learner.device=no-such-device", "controller.max_steps=3")

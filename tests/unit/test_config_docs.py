@@ -53,6 +53,20 @@ def test_config_show_prints_the_resolved_config_with_its_docs(tmp_path, capsys):
            "0 is synchronous on-policy (>= 0)" in lines
 
 
+def test_config_show_key_prints_one_value_for_scripts(tmp_path, capsys):
+    """deploy/slurm/rlfleet.sbatch asks `--key env.name` and `--key env.address` of the job."""
+    from rlfleet.app.cli import main
+
+    job = tmp_path / "job.yaml"
+    job.write_text("env:\n  name: calculator\n")
+    for key, expected in [("env.name", "calculator"), ("env.address", ""), ("rollout.max_turns", "4"),
+                          ("rollout.stop", "[</tool>]")]:
+        assert main(["config", "show", "--config", str(job), "rollout.stop=['</tool>']", "--key", key]) == 0
+        assert capsys.readouterr().out == expected + "\n", key
+    assert main(["config", "show", "--key", "env.nme"]) != 0
+    assert "--key env.nme: the config has no key 'env.nme'" in capsys.readouterr().err
+
+
 def test_the_learner_resolves_a_shared_gpu_without_changing_the_job_config():
     """`weight_backend: auto` on a GPU shared with a vLLM rollout runs over gloo, in a runtime copy: the
     validated job config (what config.yaml records) is left as it was. With the transformers engine

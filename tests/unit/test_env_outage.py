@@ -3,6 +3,7 @@ environment, resumes when its health says SERVING, and the run stops after env.m
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -33,12 +34,32 @@ def test_outage_pauses_until_the_environment_answers_again():
     assert isinstance(outage.expired(), EnvOutageExpired) and "env.max_outage_s=30" in str(outage.expired())
     now[0] = 125.0
     healthy.set()  # the probe thread sees SERVING and ends the outage
-    # Waits on the change being told, not on `blocked()` turning false for a while: the state flips
-    # before the change is told, and on a loaded machine the probe thread can be preempted in
-    # between (seen: the list still held only "outage"). 30 s is a bound for a stalled machine, not
-    # a tuning: a probe that never sees the recovery still fails here.
+    # Waits on the change being told, then on `blocked()` turning false: the change is told (the
+    # journal) before the state flips, and on a loaded machine the probe thread can be preempted in
+    # between. 30 s is a bound for a stalled machine, not a tuning: a probe that never sees the
+    # recovery still fails here.
     assert back.wait(30), "the probe thread never ended the outage"
+    deadline = time.monotonic() + 30
+    while outage.blocked() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not outage.blocked() and outage.expired() is None
     assert [c[0] for c in changes] == ["outage", "running"]
     assert changes[0][1]["cause"].startswith("episode p0/1") and changes[1][1]["outage_s"] == 25.0
+    outage.close()
+
+
+def test_each_change_is_journalled_before_admission_sees_it():
+    """The journal records an outage before admission pauses and its end before admission resumes
+    (as a requeue is journalled before its prompts can be dispatched again), so that no dispatch
+    can be journalled after the outage's end was decided but before the journal says so. Seen by
+    the callback that journals: admission's view (`blocked()`) when each change is told."""
+    seen = []
+    outage = EnvOutage(30.0, probe=lambda: False, probe_every_s=3600.0,
+                       on_change=lambda state, fields: seen.append((state, outage.blocked())))
+    outage.failed("episode p0/1: environment h:1 Step: UNAVAILABLE")
+    assert outage.blocked()
+    outage.recovered()
+    assert not outage.blocked()
+    # told "outage" while admission still ran; told "running" while it was still paused
+    assert seen == [("outage", False), ("running", True)]
     outage.close()
