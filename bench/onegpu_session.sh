@@ -33,7 +33,8 @@
 # come back per call: each of parity, staleness and sft-gsm8k writes 3, gsm8k-eval 2).
 # Long phases end their work ONEGPU_LIMIT_S (default 585) seconds after the call began, inside the device
 # call's 600 s, so their tables are written whatever was reached.
-# On the CPU (every phase's command lines, tiny model, a few rows and steps, nothing timed):
+# On the CPU (every phase's command lines, tiny model, a few rows and steps, nothing timed; ONEGPU_MODEL=DIR
+# for another model folder):
 #   ONEGPU_CPU=1 PYTHON=/work/main/.venv/bin/python bash bench/onegpu_session.sh setup "parity 2 2 1" ...
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -49,7 +50,7 @@ shrink=()   # on the CPU: the tiny model, a few samples of a few tokens
 trl_micro=()
 if [ "$cpu" = 1 ]; then
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-  model=$("$py" -c "from rlfleet.models.tiny import ensure_tiny_model; print(ensure_tiny_model())") || exit 1
+  model=${ONEGPU_MODEL:-$("$py" -c "from rlfleet.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")}
   shrink=(rollout.device=cpu learner.device=cpu reward.device=cpu rollout.n=2 rollout.max_new_tokens=8
           controller.prompts_per_step=2 learner.lr_warmup_steps=1)
   trl_micro=(--micro-batch 4)
