@@ -191,7 +191,8 @@ def markdown(summary: dict[str, dict[int, dict]], records: list[dict], base: dic
                 cells.append(f"{_pct(cell['mean'])} ± {_pct(cell['sd'])} (n={cell['n']})")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += ["", "Per seed (%; train reward over the steps since the previous evaluation in brackets):", "",
-              "| arm | seed | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|---|" + "---|" * len(steps)]
+              "| arm | seed | " + " | ".join(f"step {s}" for s in steps) + " |",
+              "|---|---|" + "---|" * len(steps)]
     by_arm_seed: dict[tuple[str, int], dict[int, dict]] = defaultdict(dict)
     for r in records:
         by_arm_seed[(r["arm"], r["seed"])][r["step"]] = r
@@ -205,7 +206,10 @@ def markdown(summary: dict[str, dict[int, dict]], records: list[dict], base: dic
                 reward = f" [{r['train_reward']:.3f}]" if r.get("train_reward") is not None else ""
                 cells.append(_pct(r["accuracy"]) + reward)
         lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
-    rules = sorted({r["rule"] for r in records if r.get("rule")} | ({base["rule"]} if base and base["rule"] else set()))
+    rules = {r["rule"] for r in records if r.get("rule")}
+    if base and base["rule"]:
+        rules.add(base["rule"])
+    rules = sorted(rules)
     if rules:
         lines += ["", "Rule of the `rlfleet eval` reports: " + "; ".join(rules) + "."]
     return "\n".join(lines) + "\n"
@@ -213,7 +217,8 @@ def markdown(summary: dict[str, dict[int, dict]], records: list[dict], base: dic
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("inputs", nargs="+", type=Path, help="result folders, their .tgz, or tables written before")
+    p.add_argument("inputs", nargs="+", type=Path,
+                   help="result folders, their .tgz, or tables written before")
     p.add_argument("--out", required=True, type=Path, help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
     try:

@@ -50,7 +50,8 @@ def read_samples(spec: str) -> list[tuple[str, list[dict]]]:
     if step_text:
         step = int(step_text)
         if step not in by_step:
-            raise InputError(f"{path}: no samples of step {step} (steps: {sorted(k for k in by_step if k is not None)})")
+            steps = sorted(k for k in by_step if k is not None)
+            raise InputError(f"{path}: no samples of step {step} (steps: {steps})")
         return [(label, by_step[step])]
     if list(by_step) == [None]:
         return [(label, by_step[None])]
@@ -70,13 +71,15 @@ def rescore(samples: list[dict], fn: str) -> dict:
     results = scorer.score(items)
     scored = [r.score for r in results if r.ok]
     correct = sum(score >= CORRECT_AT for score in scored)
-    return {"fn": fn, "rules": {src: rule_label(fn, src) for src in sorted({s["data_source"] for s in samples})},
+    sources = sorted({s["data_source"] for s in samples})
+    return {"fn": fn, "rules": {src: rule_label(fn, src) for src in sources},
             "samples": len(samples), "correct": correct, "failed": len(samples) - len(scored),
             "accuracy": correct / len(scored) if scored else None}
 
 
 def markdown(rows: list[dict], fns: list[str]) -> str:
-    lines = ["| model | samples | " + " | ".join(f"`{fn}`" for fn in fns) + " |", "|---|---|" + "---|" * len(fns)]
+    lines = ["| model | samples | " + " | ".join(f"`{fn}`" for fn in fns) + " |",
+             "|---|---|" + "---|" * len(fns)]
     for row in rows:
         cells = []
         for fn in fns:
@@ -98,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         groups = [group for spec in args.inputs for group in read_samples(spec)]
-        rows = [{"label": label, "samples": len(samples), "by_fn": {fn: rescore(samples, fn) for fn in args.fn}}
-                for label, samples in groups]
+        rows = [{"label": label, "samples": len(samples),
+                 "by_fn": {fn: rescore(samples, fn) for fn in args.fn}} for label, samples in groups]
     except (InputError, RlfleetError, ValueError) as exc:
         print(f"rescore_samples: {exc}", file=sys.stderr)
         return 2

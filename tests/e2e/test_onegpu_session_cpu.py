@@ -21,8 +21,8 @@ def session(tmp_path: Path, out: Path, *phases: str) -> str:
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "ONEGPU_CPU": "1", "ONEGPU_WORK": str(tmp_path / "work"),
            "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", "bench/onegpu_session.sh", *phases], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(["bash", "bench/onegpu_session.sh", *phases], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -32,7 +32,8 @@ def test_parity_staleness_and_gsm8k_phases_on_the_cpu(tmp_path):
     first = session(tmp_path, tmp_path / "out1", "setup", "parity 2 2 1")
     assert "rlfleet-S0-seed2: rc=0, 64 training prompts from train.parquet, 3 evaluations, 2 steps" in first
     assert "trl-seed1: rc=0, 2 steps, evaluated step_1 step_2" in first
-    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == ["parity-raw.tgz", "parity.json", "parity.md"]
+    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == [
+        "parity-raw.tgz", "parity.json", "parity.md"]
     parity = json.loads((tmp_path / "out1" / "parity.json").read_text())
     assert {arm: sorted(steps) for arm, steps in parity["summary"].items()} == {
         "trl": ["0", "1", "2"], "rlfleet-S0": ["0", "1", "2"]}

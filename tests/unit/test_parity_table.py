@@ -47,7 +47,8 @@ def test_mean_sd_and_per_seed(parity_dir):
     assert s20["mean"] == pytest.approx(0.09) and s20["sd"] == pytest.approx(0.0141421, rel=1e-4)
     assert s20["n"] == 2 and s20["seeds"] == {1: 0.08, 2: 0.10}
     # TRL's step 0 is the base model's evaluation, for each seed it has
-    assert summary["trl"][0] == {"mean": 0.066, "sd": pytest.approx(0.0), "n": 2, "seeds": {1: 0.066, 2: 0.066}}
+    assert summary["trl"][0] == {"mean": 0.066, "sd": pytest.approx(0.0), "n": 2,
+                                 "seeds": {1: 0.066, 2: 0.066}}
     assert summary["trl"][40]["sd"] is None and summary["trl"][40]["n"] == 1
     # the rlfleet runs keep their own step 0
     assert summary["rlfleet-S0"][0]["seeds"] == {1: 0.06, 2: 0.06}
