@@ -11,7 +11,8 @@ pytestmark = pytest.mark.unit
 
 def sample(response, truth="18", finish="stop", **extra):
     return {"prompt_index": 0, "data_source": "openai/gsm8k", "sample": 0, "prompt": "q",
-            "response": response, "ground_truth": truth, "length": 10, "finish_reason": finish, "policy_version": 0, "reward": None,
+            "response": response, "ground_truth": truth, "length": 10, "finish_reason": finish,
+            "policy_version": 0, "reward": None,
             **extra}
 
 
