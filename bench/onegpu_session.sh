@@ -3,9 +3,9 @@
 # device calls (the machine keeps /tmp for ~30 s after a call):
 #   carry [.carry/p0]            bash bench/onegpu_session.sh part0        first half of the GGUF to /tmp
 #   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup tests weights "run 0 60 20" "run 1 40 0" ...
-#   carry [.carry/p1 .carry/data .whl]  bash bench/onegpu_session.sh setup "parity 40 3"     (issue 21)
-#   carry [.whl]                 bash bench/onegpu_session.sh "staleness 60 3"               (next call)
-#   carry [.whl]                 bash bench/onegpu_session.sh gsm8k-eval "sft-gsm8k 40"      (next call)
+#   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup "parity 40 3"     (issue 21, ~8 min)
+#   carry [.whl]                 bash bench/onegpu_session.sh "staleness 60 3"        (next call, ~5-6 min)
+#   carry [.carry/data .whl]     bash bench/onegpu_session.sh "sft-gsm8k 40"          (next call, ~4-5 min)
 # Phases, run in the order given:
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
 #                and, with .carry/data/{train,test}.jsonl (GSM8K), the GSM8K Parquet files
@@ -29,7 +29,9 @@
 #                rules: $OUT/sft-gsm8k.{md,json} and sft-gsm8k-raw.tgz
 #   "bench ..."  any python bench/... command line
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/) and GSM8K's
-# train.jsonl/test.jsonl in data/ (5 MB); .whl/: bench/make_wheels.sh. Outputs go to $OUT (at most 8 files
+# train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/: bench/make_wheels.sh.
+# A call carries 64 MiB with the working tree (~2.7 MB): p1 (49 MB) + .whl (~11 MB) leave room for
+# GSM8K only gzipped, so carry .carry/data in a later call (the machine keeps /tmp ~30 s between calls). Outputs go to $OUT (at most 8 files
 # come back per call: each of parity, staleness and sft-gsm8k writes 3, gsm8k-eval 2).
 # Long phases end their work ONEGPU_LIMIT_S (default 585) seconds after the call began, inside the device
 # call's 600 s, so their tables are written whatever was reached.
@@ -154,10 +156,14 @@ pack() {  # NAME [EXTRA INPUTS...]: the table to $OUT/NAME.{md,json}, the raw re
 }
 
 gsm8k_data() {  # the GSM8K Parquet files, from .carry/data (on the CPU: the test suite's few rows)
-  local src=.carry/data
-  [ "$cpu" = 1 ] && src=tests/assets/gsm8k
+  local src=.carry/data f
+  [ "$cpu" = 1 ] && src=${ONEGPU_GSM8K:-tests/assets/gsm8k}
   [ -f "$work/data/gsm8k-test.parquet" ] && return 0
-  [ -f "$src/test.jsonl" ] || { echo "no GSM8K: carry .carry/data/{train,test}.jsonl"; return 1; }
+  for f in train test; do  # gzipped (1.9 MB instead of 4.9) where the carry is tight
+    [ -f "$src/$f.jsonl.gz" ] && mkdir -p "$work/gsm8k-jsonl" && gunzip -c "$src/$f.jsonl.gz" > "$work/gsm8k-jsonl/$f.jsonl"
+  done
+  [ -f "$work/gsm8k-jsonl/test.jsonl" ] && src=$work/gsm8k-jsonl
+  [ -f "$src/test.jsonl" ] || { echo "no GSM8K: carry .carry/data/{train,test}.jsonl[.gz]"; return 1; }
   rlfleet data gsm8k --input "$src/train.jsonl" --output "$work/data/gsm8k-train.parquet" | tail -1
   rlfleet data gsm8k --input "$src/test.jsonl" --output "$work/data/gsm8k-test.parquet" --split test | tail -1
 }
@@ -182,7 +188,7 @@ phase() {
       fi
       rlfleet data arithmetic --output "$work/data/train.parquet" --rows $rows 2>&1 | tail -1
       rlfleet data arithmetic --output "$work/data/test.parquet" --rows $test_rows --split test 2>&1 | tail -1
-      [ -f .carry/data/test.jsonl ] || [ "$cpu" = 1 ] && gsm8k_data ;;
+      [ -d .carry/data ] || [ "$cpu" = 1 ] && gsm8k_data ;;
     tests) timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_weight_ipc.py -p no:cacheprovider 2>&1 | tail -5 ;;
     weights) timeout 300 python3 bench/weight_sync.py --device onegpu --shapes 135m,0.5b --reps 10 \
                --out "$out/weight_sync_onegpu.json" 2>&1 | quiet ;;
