@@ -6,11 +6,12 @@ phases leave: mean ± sd over seeds and the per-seed figures, as JSON and a mark
 Each input is a folder of raw results or a table JSON this script wrote before (so the parity phase's
 table and the staleness phase's merge into one). In a folder:
   - `metrics-ARM-seedK.jsonl`: an `rlfleet run`'s metrics.jsonl; its `val/accuracy` lines (the run's own
-    greedy evaluations, step 0 with eval_before_train) and the mean `reward/mean` of its training steps
-    between evaluations;
+    greedy evaluations, step 0 with eval_before_train), the mean `reward/mean` of its training steps
+    between evaluations and the median `timing/step_s` (side by side with the others: not a run's speed
+    alone);
   - `eval-ARM-seedK-stepN.json`: an `rlfleet eval` report of arm ARM's seed K after N steps (the TRL
     checkpoints), `overall.accuracy`;
-  - `trl_steps-ARM-seedK.jsonl`: bench/gsm8k_trl.py's per-step train rewards;
+  - `trl_steps-ARM-seedK.jsonl`: bench/gsm8k_trl.py's per-step train rewards and times;
   - `eval-base.json`: the base model's `rlfleet eval`, step 0 of every arm and seed that has no step 0
     of its own (greedy decoding of one model: the same for every seed).
 ARM is a name without `-seed` in it (`trl`, `rlfleet-S0`, ...). A later input's figure for the same arm,
@@ -85,6 +86,7 @@ def read_folder(folder: Path) -> tuple[list[dict], dict | None]:
     """(records, base): one record per arm, seed and evaluated step."""
     records: list[dict] = []
     rewards: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    seconds: dict[tuple[str, int], list[float]] = {}  # per training step, for the median
     for path in sorted(folder.iterdir()):
         if m := METRICS.match(path.name):
             arm, seed = m["arm"], int(m["seed"])
@@ -95,13 +97,17 @@ def read_folder(folder: Path) -> tuple[list[dict], dict | None]:
                                     "accuracy": float(line["val/accuracy"]), "from": path.name})
             rewards[(arm, seed)] = [(int(line["step"]), float(line["reward/mean"])) for line in lines
                                     if "reward/mean" in line and "step" in line]
+            seconds[(arm, seed)] = [float(line["timing/step_s"]) for line in lines if "timing/step_s" in line]
         elif m := EVAL.match(path.name):
             accuracy, rule, prompts = _eval_accuracy(path)
             records.append({"arm": m["arm"], "seed": int(m["seed"]), "step": int(m["step"]),
                             "accuracy": accuracy, "rule": rule, "prompts": prompts, "from": path.name})
         elif m := TRL_STEPS.match(path.name):
+            lines = _read_jsonl(path)
             rewards[(m["arm"], int(m["seed"]))] = [(int(line["step"]), float(line["reward"]))
-                                                   for line in _read_jsonl(path) if "reward" in line]
+                                                   for line in lines if "reward" in line]
+            times = [float(line["t"]) for line in lines if "t" in line]  # seconds since the start
+            seconds[(m["arm"], int(m["seed"]))] = [b - a for a, b in zip(times, times[1:])]
     base = None
     if (folder / BASE).is_file():
         accuracy, rule, prompts = _eval_accuracy(folder / BASE)
@@ -112,6 +118,9 @@ def read_folder(folder: Path) -> tuple[list[dict], dict | None]:
             for record in records:
                 if (record["arm"], record["seed"], record["step"]) == (arm, seed, step):
                     record["train_reward"] = value
+    for record in records:
+        if seconds.get((record["arm"], record["seed"])):
+            record["s_per_step"] = statistics.median(seconds[(record["arm"], record["seed"])])
     return records, base
 
 
@@ -191,8 +200,8 @@ def markdown(summary: dict[str, dict[int, dict]], records: list[dict], base: dic
                 cells.append(f"{_pct(cell['mean'])} ± {_pct(cell['sd'])} (n={cell['n']})")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += ["", "Per seed (%; train reward over the steps since the previous evaluation in brackets):", "",
-              "| arm | seed | " + " | ".join(f"step {s}" for s in steps) + " |",
-              "|---|---|" + "---|" * len(steps)]
+              "| arm | seed | " + " | ".join(f"step {s}" for s in steps) + " | s/step side by side |",
+              "|---|---|" + "---|" * (len(steps) + 1)]
     by_arm_seed: dict[tuple[str, int], dict[int, dict]] = defaultdict(dict)
     for r in records:
         by_arm_seed[(r["arm"], r["seed"])][r["step"]] = r
@@ -205,7 +214,9 @@ def markdown(summary: dict[str, dict[int, dict]], records: list[dict], base: dic
             else:
                 reward = f" [{r['train_reward']:.3f}]" if r.get("train_reward") is not None else ""
                 cells.append(_pct(r["accuracy"]) + reward)
-        lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
+        pace = next((r["s_per_step"] for r in by_step.values() if r.get("s_per_step") is not None), None)
+        pace_text = "–" if pace is None else f"{pace:.2f}"
+        lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + f" | {pace_text} |")
     rules = {r["rule"] for r in records if r.get("rule")}
     if base and base["rule"]:
         rules.add(base["rule"])

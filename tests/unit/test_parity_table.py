@@ -13,7 +13,8 @@ pytestmark = pytest.mark.unit
 
 def write_metrics(path, vals, rewards=()):
     lines = [{"step": s, "val/accuracy": a, "val/rlfleet/arithmetic/accuracy": a} for s, a in vals]
-    lines += [{"step": s, "reward/mean": r, "actor/pg_loss": 0.0} for s, r in rewards]
+    lines += [{"step": s, "reward/mean": r, "actor/pg_loss": 0.0, "timing/step_s": 2.0 + s % 2}
+              for s, r in rewards]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -33,8 +34,10 @@ def parity_dir(tmp_path):
     write_eval(d / "eval-trl-seed1-step20.json", 0.09)
     write_eval(d / "eval-trl-seed2-step20.json", 0.11)
     write_eval(d / "eval-trl-seed1-step40.json", 0.12)
-    (d / "trl_steps-trl-seed1.jsonl").write_text('{"step": 1, "reward": 0.2}\n{"step": 20, "reward": 0.4}\n'
-                                                 '{"step": 21, "reward": 1.0}\n{"step": 40, "reward": 0.0}\n')
+    (d / "trl_steps-trl-seed1.jsonl").write_text('{"step": 1, "t": 10, "reward": 0.2}\n'
+                                                 '{"step": 20, "t": 16, "reward": 0.4}\n'
+                                                 '{"step": 21, "t": 23, "reward": 1.0}\n'
+                                                 '{"step": 40, "t": 31, "reward": 0.0}\n')
     (d / "unrelated.log").write_text("not read")
     return d
 
@@ -57,13 +60,17 @@ def test_mean_sd_and_per_seed(parity_dir):
     assert by_key[("rlfleet-S0", 1, 40)]["train_reward"] == pytest.approx(0.5)  # step 21
     assert by_key[("trl", 1, 20)]["train_reward"] == pytest.approx(0.3)
     assert by_key[("trl", 1, 20)]["rule"] == "arithmetic (after ####)"
+    # median seconds per step: rlfleet's timing/step_s (3, 2, 3), TRL's differences of t (6, 7, 8)
+    assert by_key[("rlfleet-S0", 1, 0)]["s_per_step"] == 3.0 and by_key[("trl", 1, 40)]["s_per_step"] == 7.0
+    assert "s_per_step" not in by_key[("rlfleet-S0", 2, 20)]  # no training lines in its metrics
 
 
 def test_cli_writes_json_and_markdown_and_merges_a_later_phase(parity_dir, tmp_path, capsys):
     assert main([str(parity_dir), "--out", str(tmp_path / "t" / "parity")]) == 0
     md = (tmp_path / "t" / "parity.md").read_text()
     assert "| trl | 6.6 ± 0.0 (n=2) | 10.0 ± 1.4 (n=2) | 12.0 (n=1) |" in md
-    assert "| rlfleet-S0 | 1 | 6.0 | 8.0 [0.200] | 10.0 [0.500] |" in md
+    assert "| rlfleet-S0 | 1 | 6.0 | 8.0 [0.200] | 10.0 [0.500] | 3.00 |" in md
+    assert "| rlfleet-S0 | 2 | 6.0 | 10.0 | 14.0 | – |" in md
     assert "arithmetic (after ####)" in md and md == capsys.readouterr().out
     # the staleness phase comes back in another folder, packed; merged with the parity table
     stale = tmp_path / "stale"
