@@ -94,7 +94,7 @@ gpu_sampler() {  # GPU memory in use, total and per process, every 5 s, until ki
 rl_run() {  # NAME S N EVERY SEED RAW: one rlfleet run of the arithmetic recipe among several on the GPU
   local name=$1 raw=$6
   rm -rf "$work/outputs/$name"
-  timeout "$(left 15)" "$py" -m rlfleet.app.cli run "${ajob[@]}" "${conc[@]}" run.name="$name" run.seed="$5" \
+  timeout -k 20 "$(left 40)" "$py" -m rlfleet.app.cli run "${ajob[@]}" "${conc[@]}" run.name="$name" run.seed="$5" \
     controller.max_staleness="$2" controller.max_steps="$3" controller.eval_every="$4" \
     controller.eval_before_train=true > "$raw/$name.log" 2>&1
   local rc=$?
@@ -107,7 +107,7 @@ rl_run() {  # NAME S N EVERY SEED RAW: one rlfleet run of the arithmetic recipe 
 }
 
 trl_eval() {  # FOLDER STEP SEED RAW: `rlfleet eval` of a TRL checkpoint
-  OMP_NUM_THREADS=2 timeout "$(left 5)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" --model "$1" \
+  OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" --model "$1" \
     --output "$4/eval-trl-seed$3-step$2.json" > "$4/eval-trl-seed$3-step$2.log" 2>&1 \
     || { echo "eval of $1 failed:"; tail -3 "$4/eval-trl-seed$3-step$2.log"; }
 }
@@ -115,7 +115,7 @@ trl_eval() {  # FOLDER STEP SEED RAW: `rlfleet eval` of a TRL checkpoint
 trl_arm() {  # N EVERY SEED RAW: TRL on the same job, each saved step evaluated as soon as it is written
   local n=$1 every=$2 seed=$3 raw=$4 d=$work/trl/seed$3 f
   rm -rf "$d"
-  OMP_NUM_THREADS=4 timeout "$(left 30)" "$py" bench/gsm8k_trl.py "${ajob[@]}" run.seed="$seed" --out "$d" \
+  OMP_NUM_THREADS=4 timeout -k 20 "$(left 45)" "$py" bench/gsm8k_trl.py "${ajob[@]}" run.seed="$seed" --out "$d" \
     --max-steps "$n" --save-steps "$(seq -s, "$every" "$every" "$n")" --wall-s "$(left 100)" "${trl_micro[@]}" \
     > "$raw/trl-seed$seed.log" 2>&1 &
   local pid=$!
@@ -171,7 +171,7 @@ gsm8k_data() {  # the GSM8K Parquet files, from .carry/data (on the CPU: the tes
 gsm8k_base() {  # the base model on GSM8K test, its samples kept for re-scoring
   [ -f "$work/gsm8k/base.samples.jsonl" ] && return 0
   mkdir -p "$work/gsm8k"
-  timeout "$(left 5)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --output "$work/gsm8k/base.json" 2>&1 | quiet \
+  timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --output "$work/gsm8k/base.json" 2>&1 | quiet \
     | tail -3
 }
 
@@ -208,7 +208,7 @@ phase() {
       local n=$2 seeds=$3 every=${4:-20}
       # beside the runs: TRL ~16 GiB each (micro-batch 64 x ~230 tokens, no checkpointing), 3 evaluations ~4
       concurrent parity "$seeds" $((16 * seeds + 12)) || return 1
-      OMP_NUM_THREADS=2 timeout "$(left 5)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" \
+      OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" \
         --output "$raw/eval-base.json" > "$raw/eval-base.log" 2>&1 &
       for k in $(seq 1 "$seeds"); do
         rl_run "rlfleet-S0-seed$k" 0 "$n" "$every" "$k" "$raw" &
@@ -236,15 +236,15 @@ phase() {
       gsm8k_data || return 1
       rm -rf "$d" && mkdir -p "$d"
       gsm8k_base > "$d/base-eval.log" 2>&1 &  # beside the SFT, unless the gsm8k-eval phase did it
-      timeout "$(left 150)" "$py" -m rlfleet.app.cli sft "${gjob[@]}" learner.lr=2.0e-5 "data.val_files=[]" \
+      timeout -k 20 "$(left 150)" "$py" -m rlfleet.app.cli sft "${gjob[@]}" learner.lr=2.0e-5 "data.val_files=[]" \
         --data "$work/data/gsm8k-train.parquet" --output "$work/sft" --epochs "$epochs" --batch-size 32 \
         > "$d/sft.log" 2>&1
       grep "rlfleet: sft" "$d/sft.log"; cp "$work/sft/metrics.jsonl" "$d/sft-metrics.jsonl" 2>/dev/null
       [ -f "$work/sft/model/config.json" ] || { tail -5 "$d/sft.log"; return 1; }
-      OMP_NUM_THREADS=2 timeout "$(left 5)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --model "$work/sft/model" \
+      OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --model "$work/sft/model" \
         --output "$d/sft-eval.json" > "$d/sft-eval.log" 2>&1 &  # beside the GRPO run
       rm -rf "$work/outputs/sft-grpo"
-      timeout "$(left 10)" "$py" -m rlfleet.app.cli run "${gjob[@]}" model.path="$work/sft/model" run.name=sft-grpo \
+      timeout -k 20 "$(left 30)" "$py" -m rlfleet.app.cli run "${gjob[@]}" model.path="$work/sft/model" run.name=sft-grpo \
         controller.max_steps="$n" controller.eval_every="$n" controller.eval_before_train=false > "$d/grpo.log" 2>&1 \
         || tail -5 "$d/grpo.log"
       wait
