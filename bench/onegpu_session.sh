@@ -4,7 +4,7 @@
 #   carry [.carry/p0]            bash bench/onegpu_session.sh part0        first half of the GGUF to /tmp
 #   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup tests weights "run 0 60 20" "run 1 40 0" ...
 #   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup "parity 40 3"     (issue 21, ~8 min)
-#   carry [.whl]                 bash bench/onegpu_session.sh "staleness 60 3"        (next call, ~5-6 min)
+#   carry [.whl]                 bash bench/onegpu_session.sh "staleness 40 3"        (next call, ~4-5 min)
 #   carry [.carry/data .whl]     bash bench/onegpu_session.sh "sft-gsm8k 40"          (next call, ~4-5 min)
 # Phases, run in the order given:
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
