@@ -5,7 +5,9 @@ by data_source, scored by rlfleet's own reward core and told whether each comple
 token budget), same group size, prompts per step, temperature, response budget, learning rate and
 warmup, clip (0.2 / 0.28), no KL, token-mean loss; transformers `generate` (TRL's default without
 vLLM), one GPU. Stops after --max-steps or --wall-s seconds, whichever comes first, then saves the
-model for `rlfleet eval`.
+model for `rlfleet eval`. --save-steps 20,40,60 also saves the model as it is after those steps (and
+after the last step, should the run stop before them) in OUT/step_N/, each written under a
+temporary name and renamed when complete, so a watcher may evaluate it while training goes on.
 
     python bench/gsm8k_trl.py --config deploy/configs/arithmetic-smollm2-135m.yaml --out OUT_DIR
     python bench/gsm8k_trl.py --model MODEL_DIR --data train.parquet --out OUT_DIR [--wall-s 300]
@@ -50,6 +52,31 @@ def make_reward(fn: str, eos_ids: set[int], rewards: list[float]):
     return rlfleet_reward
 
 
+def save_steps(text: str) -> tuple[int, ...]:
+    """--save-steps: "20,40,60" -> (20, 40, 60); one clear error for anything else."""
+    try:
+        steps = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--save-steps wants comma-separated step numbers, not {text!r}")
+    if not steps or steps[0] < 1:
+        raise argparse.ArgumentTypeError(f"--save-steps wants step numbers >= 1, not {text!r}")
+    return steps
+
+
+def save_model(model, tokenizer, folder: Path) -> None:
+    """The model as it is now, for `rlfleet eval`: written beside `folder` and renamed into place, so a
+    folder that exists is complete. The weights keep their training dtype (bf16 on GPU, which is what
+    `rlfleet eval` loads there anyway)."""
+    import shutil
+
+    staging = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="default: model.path of the config")
@@ -60,6 +87,8 @@ def main() -> None:
     p.add_argument("--wall-s", type=float, default=0.0,
                    help="stop after this many seconds of training (0: none)")
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
+    p.add_argument("--save-steps", type=save_steps, default=(),
+                   help="comma-separated steps after which the model is saved to OUT/step_N/ (e.g. 20,40,60)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, as rlfleet's")
     args = p.parse_args()
 
@@ -90,6 +119,7 @@ def main() -> None:
     rlfleet_reward = make_reward(cfg.reward.fn, eos_ids, rewards)
 
     start = time.time()
+    saved: set[int] = set()
 
     class Progress(TrainerCallback):
         seen = 0
@@ -102,6 +132,9 @@ def main() -> None:
             print(json.dumps(line), flush=True)
             with open(out / "trl_steps.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
+            if state.global_step in args.save_steps:
+                save_model(kwargs["model"], tokenizer, out / f"step_{state.global_step}")
+                saved.add(state.global_step)
             if args.wall_s and time.time() - start > args.wall_s:
                 control.should_training_stop = True
 
@@ -130,6 +163,9 @@ def main() -> None:
                           processing_class=tokenizer, callbacks=[Progress()])
     eos_ids.update(trainer.eos_token_ids)  # what TRL itself stops generation on
     trainer.train()
+    last = trainer.state.global_step
+    if args.save_steps and last not in saved:  # stopped early (--wall-s): the last step is kept too
+        save_model(trainer.model, tokenizer, out / f"step_{last}")
     trainer.model.to(torch.float32).save_pretrained(out / "model")
     tokenizer.save_pretrained(out / "model")
     print(json.dumps({"steps": trainer.state.global_step, "seconds": round(time.time() - start, 1),

@@ -3,8 +3,12 @@
 # device calls (the machine keeps /tmp for ~30 s after a call):
 #   carry [.carry/p0]            bash bench/onegpu_session.sh part0        first half of the GGUF to /tmp
 #   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup tests weights "run 0 60 20" "run 1 40 0" ...
+#   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup "parity 40 3"     (issue 21, ~8 min)
+#   carry [.whl]                 bash bench/onegpu_session.sh "staleness 40 3"        (next call, ~4-5 min)
+#   carry [.carry/data .whl]     bash bench/onegpu_session.sh "sft-gsm8k 40"          (next call, ~4-5 min)
 # Phases, run in the order given:
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
+#                and, with .carry/data/{train,test}.jsonl (GSM8K), the GSM8K Parquet files
 #   tests        the gpu tests of the one-GPU handoff (tests/gpu/test_weight_ipc.py)
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
 #   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
@@ -15,25 +19,167 @@
 #                rlfleet run (which serves the calculator itself; rlfleet eval serves it in-process), the
 #                trained model evaluated both ways; a table (bench/calculator_table.py). The overrides go
 #                to every command (a CPU dry run: tests/bench/test_onegpu_calculator.py)
+#   "parity N SEEDS [E]"  all at once on the one GPU: SEEDS rlfleet runs of the arithmetic recipe at S=0
+#                (run.seed 1..SEEDS, evaluating at step 0 and every E, default 20) and SEEDS TRL runs
+#                (same seeds, the model saved every E steps and evaluated by `rlfleet eval` as soon as
+#                it is written), the base model's evaluation (TRL's step 0); then bench/parity_table.py:
+#                $OUT/parity.md, parity.json (mean ± sd over seeds, per seed) and parity-raw.tgz
+#   "staleness N SEEDS [E]"  the same rlfleet runs at S=1 and S=2 (2 x SEEDS at once), no TRL:
+#                $OUT/staleness.{md,json} (merged with the parity phase's results when those are in /tmp
+#                from an earlier call) and staleness-raw.tgz
+#   gsm8k-eval   the base model on all 1,319 GSM8K test problems (greedy, 256 tokens), its responses
+#                scored under verl's strict rule (gsm8k), verl's flexible one and gsm8k_lenient:
+#                $OUT/gsm8k-eval.{md,json}
+#   "sft-gsm8k N [EPOCHS]"  rlfleet sft on GSM8K train (EPOCHS, default 1), then GRPO for N steps from
+#                the SFT model while the SFT model is evaluated beside it; the three models under the three
+#                rules: $OUT/sft-gsm8k.{md,json} and sft-gsm8k-raw.tgz
 #   "bench ..."  any python bench/... command line
-# .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/); .whl/:
-# bench/make_wheels.sh. Outputs (metrics, reports, logs) go to $OUT. RLFLEET_ONEGPU_WORK moves the work
-# folder (default /tmp/rlfleet-onegpu).
+# .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/) and GSM8K's
+# train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/: bench/make_wheels.sh.
+# A call carries 64 MiB with the working tree (~2.7 MB): p1 (49 MB) + .whl (~11 MB) leave room for
+# GSM8K only gzipped, so carry .carry/data in a later call (the machine keeps /tmp ~30 s between calls). Outputs go to $OUT (at most 8 files
+# come back per call: each of parity, staleness and sft-gsm8k writes 3, gsm8k-eval 2).
+# Long phases end their work ONEGPU_LIMIT_S (default 585) seconds after the call began, inside the device
+# call's 600 s, so their tables are written whatever was reached.
+# On the CPU (every phase's command lines, tiny model, a few rows and steps, nothing timed; ONEGPU_MODEL=DIR
+# for another model folder):
+#   ONEGPU_CPU=1 PYTHON=/work/main/.venv/bin/python bash bench/onegpu_session.sh setup "parity 2 2 1" ...
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-bench-out}
-work=${RLFLEET_ONEGPU_WORK:-/tmp/rlfleet-onegpu}
+cpu=${ONEGPU_CPU:-0}
+py=${PYTHON:-python3}
+limit=${ONEGPU_LIMIT_S:-$([ "$cpu" = 1 ] && echo 3600 || echo 585)}
+work=${ONEGPU_WORK:-${RLFLEET_ONEGPU_WORK:-/tmp/rlfleet-onegpu}}
 mkdir -p "$out" "$work"
-job=(--config deploy/configs/gsm8k-smollm2-135m.yaml "model.path=$work/models/smollm2-135m"
+out=$(cd "$out" && pwd)
+model=$work/models/smollm2-135m
+shrink=()   # on the CPU: the tiny model, a few samples of a few tokens
+trl_micro=()
+if [ "$cpu" = 1 ]; then
+  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+  model=${ONEGPU_MODEL:-$("$py" -c "from rlfleet.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")}
+  shrink=(rollout.device=cpu learner.device=cpu reward.device=cpu rollout.n=2 rollout.max_new_tokens=8
+          controller.prompts_per_step=2 learner.lr_warmup_steps=1)
+  trl_micro=(--micro-batch 4)
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed (already installed?)"
+  export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+fi
+job=(--config deploy/configs/gsm8k-smollm2-135m.yaml model.path=$model
      "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]"
-     "run.output_dir=$work/outputs" rollout.max_new_tokens=128 learner.lr=2.0e-5 reward.fn=auto
-     learner.checkpoint_every=0)
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed (already installed?)"
-export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-rlfleet() { python3 -m rlfleet.app.cli "$@"; }
+     run.output_dir=$work/outputs rollout.max_new_tokens=128 learner.lr=2.0e-5 reward.fn=auto
+     learner.checkpoint_every=0 "${shrink[@]}")
+# the arithmetic recipe as committed (its settings are the job's above), no checkpoints
+ajob=(--config deploy/configs/arithmetic-smollm2-135m.yaml model.path=$model
+      "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]"
+      run.output_dir=$work/outputs learner.checkpoint_every=0 "${shrink[@]}")
+# the GSM8K recipe (256 new tokens, verl's strict rule by reward.fn=auto)
+gjob=(--config deploy/configs/gsm8k-smollm2-135m.yaml model.path=$model
+      "data.train_files=[$work/data/gsm8k-train.parquet]" "data.val_files=[$work/data/gsm8k-test.parquet]"
+      run.output_dir=$work/outputs learner.checkpoint_every=0 "${shrink[@]}")
+# several runs on the one GPU: memory shares and memory-only settings (the file says why)
+mapfile -t conc < <(grep -v '^[[:space:]]*#' bench/concurrent_runs.args | grep .)
+rlfleet() { "$py" -m rlfleet.app.cli "$@"; }
 quiet() { grep -v "Warning\|warn(\|UserWarning"; }
+left() {  # seconds left before the limit, less a reserve (at least 1)
+  local s=$(( limit - SECONDS - ${1:-0} ))
+  echo $(( s > 0 ? s : 1 ))
+}
+
+gpu_sampler() {  # GPU memory in use, total and per process, every 5 s, until killed
+  [ "$cpu" = 1 ] && return 0
+  while :; do
+    echo "t=$SECONDS $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+    sleep 5
+  done >> "$1" 2>&1
+}
+
+rl_run() {  # NAME S N EVERY SEED RAW: one rlfleet run of the arithmetic recipe among several on the GPU
+  local name=$1 raw=$6
+  rm -rf "$work/outputs/$name"
+  timeout -k 20 "$(left 40)" "$py" -m rlfleet.app.cli run "${ajob[@]}" "${conc[@]}" run.name="$name" run.seed="$5" \
+    controller.max_staleness="$2" controller.max_steps="$3" controller.eval_every="$4" \
+    controller.eval_before_train=true > "$raw/$name.log" 2>&1
+  local rc=$?
+  cp "$work/outputs/$name/metrics.jsonl" "$raw/metrics-$name.jsonl" 2>/dev/null
+  mkdir -p "$raw/$name-logs" && cp "$work/outputs/$name/logs/"* "$raw/$name-logs/" 2>/dev/null
+  echo "$name: rc=$rc, $(grep -o '[0-9]* training prompts from [^ ]*' "$raw/$name.log" | head -1)," \
+    "$(grep -c '"val/accuracy"' "$raw/metrics-$name.jsonl" 2>/dev/null) evaluations," \
+    "$(grep -c '"actor/pg_loss"' "$raw/metrics-$name.jsonl" 2>/dev/null) steps"
+  [ $rc = 0 ] || tail -5 "$raw/$name.log" | quiet
+}
+
+trl_eval() {  # FOLDER STEP SEED RAW: `rlfleet eval` of a TRL checkpoint
+  OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" --model "$1" \
+    --output "$4/eval-trl-seed$3-step$2.json" > "$4/eval-trl-seed$3-step$2.log" 2>&1 \
+    || { echo "eval of $1 failed:"; tail -3 "$4/eval-trl-seed$3-step$2.log"; }
+}
+
+trl_arm() {  # N EVERY SEED RAW: TRL on the same job, each saved step evaluated as soon as it is written
+  local n=$1 every=$2 seed=$3 raw=$4 d=$work/trl/seed$3 f
+  rm -rf "$d"
+  OMP_NUM_THREADS=4 timeout -k 20 "$(left 45)" "$py" bench/gsm8k_trl.py "${ajob[@]}" run.seed="$seed" --out "$d" \
+    --max-steps "$n" --save-steps "$(seq -s, "$every" "$every" "$n")" --wall-s "$(left 100)" "${trl_micro[@]}" \
+    > "$raw/trl-seed$seed.log" 2>&1 &
+  local pid=$!
+  local done_=0
+  while [ $done_ = 0 ]; do
+    kill -0 "$pid" 2>/dev/null || done_=1  # once more after it ended: the last step's folder
+    for f in "$d"/step_*; do
+      if [ -d "$f" ] && [ ! -e "$f/.evaluating" ]; then
+        touch "$f/.evaluating"
+        trl_eval "$f" "${f##*_}" "$seed" "$raw" &
+      fi
+    done
+    [ $done_ = 1 ] || sleep 2
+  done
+  wait "$pid"; local rc=$?
+  wait
+  cp "$d/trl_steps.jsonl" "$raw/trl_steps-trl-seed$seed.jsonl" 2>/dev/null
+  echo "trl-seed$seed: rc=$rc, $(grep -c . "$d/trl_steps.jsonl" 2>/dev/null) steps, evaluated" \
+    "$(cd "$d" 2>/dev/null && ls -d step_* | tr '\n' ' ')"
+  [ $rc = 0 ] || tail -5 "$raw/trl-seed$seed.log" | quiet
+}
+
+concurrent() {  # NAME RUNS OTHERS_GIB: checks the shares of RUNS runs beside OTHERS_GIB, starts the sampler
+  local model_dir=()
+  [ "$cpu" = 1 ] || model_dir=(--model-dir "$model")
+  "$py" bench/concurrent_plan.py --config deploy/configs/arithmetic-smollm2-135m.yaml "${model_dir[@]}" \
+    --runs "$2" --others-gib "$3" "${conc[@]}" || return 1
+  raw=$work/$1-raw
+  rm -rf "$raw" && mkdir -p "$raw"
+  gpu_sampler "$raw/gpu_memory.txt" &
+  sampler=$!
+}
+
+pack() {  # NAME [EXTRA INPUTS...]: the table to $OUT/NAME.{md,json}, the raw results to NAME-raw.tgz
+  kill "$sampler" 2>/dev/null
+  "$py" bench/parity_table.py "$raw" "${@:2}" --out "$out/$1"
+  tar czf "$out/$1-raw.tgz" -C "$work" "$1-raw"
+}
+
+gsm8k_data() {  # the GSM8K Parquet files, from .carry/data (on the CPU: the test suite's few rows)
+  local src=.carry/data f
+  [ "$cpu" = 1 ] && src=${ONEGPU_GSM8K:-tests/assets/gsm8k}
+  [ -f "$work/data/gsm8k-test.parquet" ] && return 0
+  for f in train test; do  # gzipped (1.9 MB instead of 4.9) where the carry is tight
+    [ -f "$src/$f.jsonl.gz" ] && mkdir -p "$work/gsm8k-jsonl" && gunzip -c "$src/$f.jsonl.gz" > "$work/gsm8k-jsonl/$f.jsonl"
+  done
+  [ -f "$work/gsm8k-jsonl/test.jsonl" ] && src=$work/gsm8k-jsonl
+  [ -f "$src/test.jsonl" ] || { echo "no GSM8K: carry .carry/data/{train,test}.jsonl[.gz]"; return 1; }
+  rlfleet data gsm8k --input "$src/train.jsonl" --output "$work/data/gsm8k-train.parquet" | tail -1
+  rlfleet data gsm8k --input "$src/test.jsonl" --output "$work/data/gsm8k-test.parquet" --split test | tail -1
+}
+
+gsm8k_base() {  # the base model on GSM8K test, its samples kept for re-scoring
+  [ -f "$work/gsm8k/base.samples.jsonl" ] && return 0
+  mkdir -p "$work/gsm8k"
+  timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --output "$work/gsm8k/base.json" 2>&1 | quiet \
+    | tail -3
+}
 
 # calculator N [key=value ...]: see the header. Each command has its own timeout (150 s per evaluation,
 # 330 s for the training run); 16 training samples per step are kept (samples-calc-N.jsonl).
@@ -67,37 +213,100 @@ calculator() {
 }
 
 phase() {
-  local t0=$SECONDS
+  local t0=$SECONDS k
   echo "=== $* ($(date +%T))"
   case "$1" in
     part0) cp .carry/p0/gguf.part00 "$work/" && ls -la "$work" ;;
     setup)
-      cat "$work/gguf.part00" .carry/p1/gguf.part01 > "$work/smol.gguf" || return 1
-      rlfleet model import "$work/smol.gguf" --output "$work/models/smollm2-135m" --force 2>&1 | quiet | tail -2
-      rlfleet data arithmetic --output "$work/data/train.parquet" --rows 20000 2>&1 | tail -1
-      rlfleet data arithmetic --output "$work/data/test.parquet" --rows 500 --split test 2>&1 | tail -1 ;;
-    tests) timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
+      local rows=20000 test_rows=500
+      if [ "$cpu" = 1 ]; then rows=64 test_rows=8; else
+        cat "$work/gguf.part00" .carry/p1/gguf.part01 > "$work/smol.gguf" || return 1
+        rlfleet model import "$work/smol.gguf" --output "$model" --force 2>&1 | quiet | tail -2
+      fi
+      rlfleet data arithmetic --output "$work/data/train.parquet" --rows $rows 2>&1 | tail -1
+      rlfleet data arithmetic --output "$work/data/test.parquet" --rows $test_rows --split test 2>&1 | tail -1
+      [ -d .carry/data ] || [ "$cpu" = 1 ] && gsm8k_data ;;
+    tests) timeout 420 "$py" -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
              tests/gpu/test_fused_kernels.py -p no:cacheprovider 2>&1 | tail -8 ;;
-    profile) timeout 420 python3 bench/onegpu_profile.py --model "$work/models/smollm2-135m" \
+    profile) timeout 420 "$py" bench/onegpu_profile.py --model "$model" \
                --data "$work/data/train.parquet" --out "$out/onegpu_profile.json" 2>&1 | quiet | grep -v "^Loading" ;;
     weights) timeout 300 python3 bench/weight_sync.py --device onegpu --shapes 135m,0.5b --reps 10 \
                --out "$out/weight_sync_onegpu.json" 2>&1 | quiet ;;
     run)
       local name="s$2-$3-$4"
-      timeout 420 python3 -m rlfleet.app.cli run "${job[@]}" run.name="$name" controller.max_staleness="$2" \
+      timeout 420 "$py" -m rlfleet.app.cli run "${job[@]}" run.name=$name controller.max_staleness="$2" \
         controller.max_steps="$3" controller.eval_every="$4" "controller.eval_before_train=$([ "$4" = 0 ] \
         && echo false || echo true)" "${@:5}" 2>&1 | quiet | grep -v '"event": "step"' | tail -12
       cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
       grep -h "transport\|memory plan" "$work/outputs/$name/logs/"*.log | head -4 ;;
     trl)
-      timeout 540 python3 bench/gsm8k_trl.py "${job[@]}" --out "$work/trl" --max-steps "$2" 2>&1 | quiet | tail -6
+      timeout 540 "$py" bench/gsm8k_trl.py "${job[@]}" --out "$work/trl" --max-steps "$2" "${trl_micro[@]}" 2>&1 \
+        | quiet | tail -6
       cp "$work/trl/trl_steps.jsonl" "$out/"
       rlfleet eval "${job[@]}" --model "$work/trl/model" --output "$out/trl_eval.json" 2>&1 | quiet | tail -4 ;;
     calculator) calculator "${@:2}" ;;
+    parity)  # parity N SEEDS [EVERY]: S=0 and TRL, SEEDS each, all at once
+      local n=$2 seeds=$3 every=${4:-20}
+      # beside the runs: TRL ~16 GiB each (micro-batch 64 x ~230 tokens, no checkpointing), 3 evaluations ~4
+      concurrent parity "$seeds" $((16 * seeds + 12)) || return 1
+      OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${ajob[@]}" \
+        --output "$raw/eval-base.json" > "$raw/eval-base.log" 2>&1 &
+      for k in $(seq 1 "$seeds"); do
+        rl_run "rlfleet-S0-seed$k" 0 "$n" "$every" "$k" "$raw" &
+        trl_arm "$n" "$every" "$k" "$raw" &
+      done
+      wait_all
+      pack parity ;;
+    staleness)  # staleness N SEEDS [EVERY]: S=1 and S=2, SEEDS each, all at once
+      local n=$2 seeds=$3 every=${4:-20} earlier=()
+      concurrent staleness $((2 * seeds)) 0 || return 1
+      for k in $(seq 1 "$seeds"); do
+        rl_run "rlfleet-S1-seed$k" 1 "$n" "$every" "$k" "$raw" &
+        rl_run "rlfleet-S2-seed$k" 2 "$n" "$every" "$k" "$raw" &
+      done
+      wait_all
+      [ -d "$work/parity-raw" ] && earlier=("$work/parity-raw")  # an earlier call's parity phase: one table
+      pack staleness "${earlier[@]}" ;;
+    gsm8k-eval)
+      gsm8k_data || return 1
+      gsm8k_base
+      "$py" bench/rescore_samples.py "base=$work/gsm8k/base.samples.jsonl" --fn gsm8k --fn gsm8k_flexible \
+        --fn gsm8k_lenient --out "$out/gsm8k-eval" ;;
+    sft-gsm8k)  # sft-gsm8k N [EPOCHS]
+      local n=$2 epochs=${3:-1} d=$work/sft-gsm8k-raw
+      gsm8k_data || return 1
+      rm -rf "$d" && mkdir -p "$d"
+      gsm8k_base > "$d/base-eval.log" 2>&1 &  # beside the SFT, unless the gsm8k-eval phase did it
+      timeout -k 20 "$(left 150)" "$py" -m rlfleet.app.cli sft "${gjob[@]}" learner.lr=2.0e-5 "data.val_files=[]" \
+        --data "$work/data/gsm8k-train.parquet" --output "$work/sft" --epochs "$epochs" --batch-size 32 \
+        > "$d/sft.log" 2>&1
+      grep "rlfleet: sft" "$d/sft.log"; cp "$work/sft/metrics.jsonl" "$d/sft-metrics.jsonl" 2>/dev/null
+      [ -f "$work/sft/model/config.json" ] || { tail -5 "$d/sft.log"; return 1; }
+      OMP_NUM_THREADS=2 timeout -k 20 "$(left 25)" "$py" -m rlfleet.app.cli eval "${gjob[@]}" --model "$work/sft/model" \
+        --output "$d/sft-eval.json" > "$d/sft-eval.log" 2>&1 &  # beside the GRPO run
+      rm -rf "$work/outputs/sft-grpo"
+      timeout -k 20 "$(left 30)" "$py" -m rlfleet.app.cli run "${gjob[@]}" model.path="$work/sft/model" run.name=sft-grpo \
+        controller.max_steps="$n" controller.eval_every="$n" controller.eval_before_train=false > "$d/grpo.log" 2>&1 \
+        || tail -5 "$d/grpo.log"
+      wait
+      cp "$work/outputs/sft-grpo/metrics.jsonl" "$d/grpo-metrics.jsonl" 2>/dev/null
+      local inputs=()
+      [ -f "$work/gsm8k/base.samples.jsonl" ] && inputs+=("base=$work/gsm8k/base.samples.jsonl")
+      [ -f "$d/sft-eval.samples.jsonl" ] && inputs+=("sft-${epochs}ep=$d/sft-eval.samples.jsonl")
+      grep -q "\"step\": $n," "$work/outputs/sft-grpo/samples/val.jsonl" 2>/dev/null \
+        && inputs+=("sft-grpo-${n}=$work/outputs/sft-grpo/samples/val.jsonl@$n")
+      "$py" bench/rescore_samples.py "${inputs[@]}" --fn gsm8k --fn gsm8k_flexible --fn gsm8k_lenient \
+        --out "$out/sft-gsm8k"
+      tar czf "$out/sft-gsm8k-raw.tgz" -C "$work" sft-gsm8k-raw ;;
     bench) shift; timeout 300 python3 "$@" 2>&1 | quiet | tail -15 ;;
     *) echo "unknown phase $1" ;;
   esac
   echo "=== $1 took $((SECONDS - t0)) s"
+}
+
+wait_all() {  # every background job but the GPU sampler
+  local pid
+  for pid in $(jobs -p); do [ "$pid" = "${sampler:-}" ] || wait "$pid"; done
 }
 
 for p in "$@"; do

@@ -37,3 +37,16 @@ def test_trl_arm_scores_with_rlfleets_rule_and_knows_truncation():
     )
     # ended on EOS: 1; cut at the budget: 0 (arithmetic never credits it); gsm8k (verl strict) wrong: 0
     assert scores == [1.0, 0.0, 0.0] and rewards == scores
+
+
+def test_trl_save_steps_option():
+    import argparse
+
+    import pytest
+
+    from bench.gsm8k_trl import save_steps
+
+    assert save_steps("40,20,60,20") == (20, 40, 60)
+    for bad in ("20,x", "0,20", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="--save-steps wants"):
+            save_steps(bad)
