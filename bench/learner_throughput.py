@@ -109,7 +109,8 @@ def main() -> None:
     parser.add_argument("--ragged", action="store_true", help="response lengths vary (padding to remove)")
     parser.add_argument("--tiny", action="store_true", help="tiny fp32 shape on the CPU (smoke check)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="H100/H200 dense bf16")
-    parser.add_argument("--fused-kernels", default="none", help="comma list of learner.fused_kernels settings")
+    parser.add_argument("--fused-kernels", default="none",
+                        help="comma list of learner.fused_kernels settings")
     parser.add_argument("--out")
     args = parser.parse_args()
     configs = [n.strip() for n in args.configs.split(",") if n.strip()]

@@ -76,14 +76,17 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
             if compiled and len(generated) < 1:
                 generated.append((rows, tokens, logprobs, ends))
         s = statistics.median(times)
-        results[arm] = {"generate_s": s, "steps": statistics.median(steps), "ms_per_step": s / statistics.median(steps) * 1e3,
+        median_steps = statistics.median(steps)
+        results[arm] = {"generate_s": s, "steps": median_steps, "ms_per_step": s / median_steps * 1e3,
                         "new_tok_s": statistics.median(new_tokens) / s,
                         "response_len": {"mean": statistics.mean(lengths), "p50": statistics.median(lengths),
-                                         "p90": sorted(lengths)[int(0.9 * len(lengths))], "max": max(lengths)},
+                                         "p90": sorted(lengths)[int(0.9 * len(lengths))],
+                                         "max": max(lengths)},
                         "first_call_s": results.pop(f"{arm}/first_call_s")}
         print(f"decode {arm:9s} {s * 1e3:7.0f} ms/generation  {results[arm]['steps']:.0f} steps  "
               f"{results[arm]['ms_per_step']:.2f} ms/step  {results[arm]['new_tok_s']:,.0f} new tok/s  "
-              f"first call {results[arm]['first_call_s']:.1f} s  lengths {results[arm]['response_len']}", flush=True)
+              f"first call {results[arm]['first_call_s']:.1f} s  lengths {results[arm]['response_len']}",
+              flush=True)
         del gen
         gc.collect()
         torch.cuda.empty_cache()
@@ -138,10 +141,11 @@ def learner(model_dir: Path, batches, args) -> dict:
                 times.append(time.perf_counter() - t0)
             s = statistics.median(times)
             results[name] = {"train_s": s, "tokens_per_s": tokens / s}
-            print(f"learner {name:14s} {s * 1e3:7.0f} ms/step  {tokens / s:,.0f} tok/s ({tokens} real tokens)",
+            print(f"learner {name:14s} {s * 1e3:7.0f} ms/step  {tokens / s:,.0f} tok/s "
+                  f"({tokens} real tokens)",
                   flush=True)
             if j in (0, len(names) - 1) and DEVICE.type == "cuda":
-                results[name]["top_kernels"] = top_kernels(lambda: lrn.train(batches[1]))
+                results[name]["top_kernels"] = top_kernels(lambda lrn=lrn: lrn.train(batches[1]))
             del lrn
             gc.collect()
             torch.cuda.empty_cache()
@@ -156,7 +160,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--generations", type=int, default=4, help="timed generations per decode arm (+1 warm-up)")
+    ap.add_argument("--generations", type=int, default=4,
+                    help="timed generations per decode arm (+1 warm-up)")
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--variants", default=",".join(LEARNER_VARIANTS))
@@ -169,8 +174,10 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPE).to(DEVICE).eval().requires_grad_(False)
-    batches = [load_rows(args.data, tokenizer, args.prompts, i * args.prompts) for i in range(args.generations + 1)]
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=DTYPE).to(DEVICE).eval()
+    model.requires_grad_(False)
+    batches = [load_rows(args.data, tokenizer, args.prompts, i * args.prompts)
+               for i in range(args.generations + 1)]
     report = {"args": {k: str(v) for k, v in vars(args).items()}}
     report["decode"], generated = decode(model, tokenizer, batches, args.n, args)
     del model

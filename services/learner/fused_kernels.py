@@ -43,7 +43,8 @@ def apply_fused_kernels(model: torch.nn.Module, setting: str, device: torch.devi
     reason = liger_unavailable_reason(model, device)
     if reason is not None:
         if setting == "liger":
-            raise ConfigError(f"learner.fused_kernels=liger: {reason}; set learner.fused_kernels=auto or none")
+            raise ConfigError(f"learner.fused_kernels=liger: {reason}; "
+                              "set learner.fused_kernels=auto or none")
         log.info("learner.fused_kernels_unavailable", reason=reason, using="transformers' own modules")
         return "none"
     from liger_kernel.transformers import _apply_liger_kernel_to_instance

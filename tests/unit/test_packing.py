@@ -147,7 +147,8 @@ def test_packing_is_refused_where_transformers_cannot_mask_packed_sequences(monk
     monkeypatch.delattr(masking_utils, "find_packed_sequence_indices")
     with pytest.raises(ValueError, match="learner.pack_sequences"):
         ForwardSettings.of(LearnerConfig(pack_sequences=True), torch.device("cpu"))
-    assert not ForwardSettings.of(LearnerConfig(), torch.device("cpu")).pack_sequences  # packing off: no requirement
+    # packing off: no requirement
+    assert not ForwardSettings.of(LearnerConfig(), torch.device("cpu")).pack_sequences
 
 
 def test_packing_and_chunked_logprobs_default_on_for_a_single_gpu_learner_only():
@@ -156,6 +157,8 @@ def test_packing_and_chunked_logprobs_default_on_for_a_single_gpu_learner_only()
     assert LearnerConfig().forward_layout(on_gpu=True) == (8192, True)
     assert LearnerConfig().forward_layout(on_gpu=False) == (0, False)
     assert LearnerConfig(world_size=2).forward_layout(on_gpu=True) == (0, False)
-    assert LearnerConfig(pack_sequences=False, logprob_chunk_tokens=0).forward_layout(on_gpu=True) == (0, False)
-    assert LearnerConfig(pack_sequences=True, logprob_chunk_tokens=512).forward_layout(on_gpu=False) == (512, True)
+    off = LearnerConfig(pack_sequences=False, logprob_chunk_tokens=0)
+    assert off.forward_layout(on_gpu=True) == (0, False)
+    on = LearnerConfig(pack_sequences=True, logprob_chunk_tokens=512)
+    assert on.forward_layout(on_gpu=False) == (512, True)
     assert ForwardSettings.of(LearnerConfig(), torch.device("cpu")) == ForwardSettings(0, False)

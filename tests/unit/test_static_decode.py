@@ -219,5 +219,6 @@ def test_repeated_prompts_are_prefilled_once_and_decode_as_generate_does(monkeyp
     theirs, their_logprobs = transformers_greedy(model, rows, 16)
     assert torch.equal(ours, theirs)
     for row in range(len(rows)):
-        torch.testing.assert_close(_until_eos(ours, our_logprobs, row), _until_eos(theirs, their_logprobs, row),
+        torch.testing.assert_close(_until_eos(ours, our_logprobs, row),
+                                   _until_eos(theirs, their_logprobs, row),
                                    atol=1e-4, rtol=0)

@@ -157,6 +157,7 @@ class StaticDecoder:
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(2, column, k)
             values.index_copy_(2, column, v)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scaling)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 scale=layer.self_attn.scaling)
             h = self.post_attention(layer, h, out)
         return self._logits(h[:, 0])

@@ -50,7 +50,8 @@ class HFEngine(RolloutEngine):
         self.policy_version = 0
         self._weights = InProcessWeightSync(device, self.apply_weights)
 
-    def _static_generator(self, decode: str, cuda_graphs: bool, compile_decode: bool) -> StaticGenerator | None:
+    def _static_generator(self, decode: str, cuda_graphs: bool,
+                          compile_decode: bool) -> StaticGenerator | None:
         """rlfleet's decode loop unless `generate` was asked for; `auto` falls back to generate()
         for architectures the loop does not run, `static` insists (rollout.hf_decode)."""
         if decode == "generate":

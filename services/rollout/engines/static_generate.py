@@ -75,8 +75,8 @@ class StaticGenerator:
                 break
         return tokens[:len(rows), :steps].cpu(), logprobs[:len(rows), :steps].cpu()
 
-    def _prefill_distinct(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                          rows: list[list[int]]) -> torch.Tensor:
+    def _prefill_distinct(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
+                          valid: torch.Tensor, rows: list[list[int]]) -> torch.Tensor:
         """Prefills each distinct prompt once (a GRPO group's n rows share one) into the first cache
         rows, then copies every row's prompt keys/values from its prompt's; returns logits [batch, V]."""
         keys = [tuple(r) for r in rows] + [(self.pad_id,)] * (ids.shape[0] - len(rows))  # + bucket padding
@@ -88,7 +88,8 @@ class StaticGenerator:
         slot_of = {key: k for k, key in enumerate(first_row)}
         distinct = torch.tensor(list(first_row.values()), device=self.device)
         count = len(first_row)
-        logits = self._prefill(KVCache(cache.keys[:, :count], cache.values[:, :count]),  # views: writes land in `cache`
+        first_rows = KVCache(cache.keys[:, :count], cache.values[:, :count])  # views: writes land in `cache`
+        logits = self._prefill(first_rows,
                                ids[distinct], positions[distinct], valid[distinct])
         index, width = torch.tensor([slot_of[key] for key in keys], device=self.device), ids.shape[1]
         for layer in range(cache.keys.shape[0]):  # one layer at a time: the copy's buffer stays small

@@ -1,0 +1,93 @@
+"""The `learner` section of the job config (rlfleet.config): optimisation, weight sync, memory and speed."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlfleet.algorithm import LoraConfig
+from rlfleet.config_sections import ServiceEndpointConfig
+
+
+class LearnerConfig(ServiceEndpointConfig):
+    lr: float = Field(5e-4, gt=0.0, lt=1.0, description="peak learning rate of AdamW (after warmup)")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate decay after warmup, over controller.max_steps (TRL's "
+        "lr_scheduler_type): constant, linear or cosine down to min_lr_ratio x lr")
+    lr_warmup_steps: int = Field(0, ge=0, description="steps of linear warmup from ~0 to lr; 0: use "
+                                 "lr_warmup_ratio")
+    lr_warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warmup as a fraction of "
+                                   "controller.max_steps (verl's lr_warmup_steps_ratio), when "
+                                   "lr_warmup_steps is 0")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="linear/cosine decay ends at this "
+                                "fraction of lr")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW beta1, beta2")
+    grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
+    micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
+                                    "(padded length x sequences)")
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="share of its GPU's memory the learner may take; null: no cap on a "
+        "GPU of its own, 0.60 on a GPU shared with a rollout (with rollout.gpu_memory_utilization at most "
+        "0.95)")
+    weight_backend: Literal["auto", "ipc", "nccl", "gloo"] = Field(
+        "auto", description="weight-sync transport; auto follows placement: CUDA IPC when the rollouts share "
+        "the learner's GPU, NCCL when each has a GPU of its own, else gloo (host memory)")
+    weight_checksums: Literal["auto", "on", "off"] = Field(
+        "auto", description="per-bucket checksums of each weight push; auto: on for gloo, off for NCCL "
+        "and IPC")
+    weight_bucket_mb: int = Field(256, ge=1, description="size of one weight-sync bucket")
+    weight_sync_timeout_s: float = Field(120.0, gt=0.0, description="a weight push or pull that takes longer "
+                                         "is aborted on both sides")
+    verify_weights: bool = Field(False, description="after every sync compare digests of the learner's and "
+                                 "each rollout's weights; a mismatch stops the run")
+    resume_from: str | None = Field(None, description="checkpoint to load at start: a step_N folder, "
+                                    "`latest` (the run's newest; an error if none) or `auto` (the newest if "
+                                    "any, else fresh)")
+    world_size: int = Field(1, ge=1, le=1024, description="learner processes the policy is sharded across "
+                            "(FSDP2, data parallel over micro-batches); > 1 runs under torchrun "
+                            "(docs/deployment/multi-gpu-learner.md)")
+
+    logprob_chunk_tokens: int | None = Field(
+        None, ge=0, description="compute log-probs/entropies through the lm_head this many tokens at a time, "
+        "recomputing each chunk's logits in backward, so full-vocabulary logits never exist for the whole "
+        "micro-batch; 0 materialises all logits; null: 8192 for a single-process learner on a GPU, else 0")
+    pack_sequences: bool | None = Field(
+        None, description="pack several samples into one model row (position ids restart per sample, "
+        "block-diagonal causal attention) instead of padding; micro_batch_tokens then counts real tokens; "
+        "null: on for a single-process learner on a GPU, else off")
+    fused_kernels: Literal["none", "liger", "auto"] = Field(
+        "none", description="fused Triton kernels for RMSNorm, rotary and SwiGLU from Liger Kernel (liger; "
+        "auto: where it can run: a GPU, liger-kernel installed, a Llama/Qwen2/Qwen3/Mistral model); off by "
+        "default: no faster with packing and chunked log-probs on the models measured (docs/performance.md)")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
+                                         "(non-reentrant): less memory, ~1/3 more compute; pair with "
+                                         "a larger micro_batch_tokens")
+
+    def forward_layout(self, on_gpu: bool) -> tuple[int, bool]:
+        """(logprob_chunk_tokens, pack_sequences) as they run, the nulls resolved: on for a single-process
+        learner on a GPU, where they won on real batches (docs/performance.md), else off."""
+        auto = on_gpu and self.world_size == 1
+        chunk = self.logprob_chunk_tokens if self.logprob_chunk_tokens is not None else (8192 if auto else 0)
+        pack = self.pack_sequences if self.pack_sequences is not None else auto
+        return chunk, pack
+
+    @model_validator(mode="after")
+    def _sharded_options(self) -> LearnerConfig:
+        # The sharded learner (services/learner/fsdp.py) runs the plain forward: chunking reads the
+        # lm_head weight outside the FSDP-wrapped forward, where it is still sharded.
+        if self.world_size > 1 and ((self.logprob_chunk_tokens or 0) > 0 or self.pack_sequences):
+            raise ValueError("learner.logprob_chunk_tokens and learner.pack_sequences are single-process "
+                             "options for now; set them to 0/false with learner.world_size > 1")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        moved = sorted(k for k in ("clip_low", "clip_high", "kl_coef") if isinstance(data, dict)
+                       and k in data)
+        if moved:
+            raise ValueError(f"learner.{moved[0]} moved to algorithm.{moved[0]} (see docs/algorithms.md)")
+        return data
