@@ -222,3 +222,29 @@ def test_repeated_prompts_are_prefilled_once_and_decode_as_generate_does(monkeyp
         torch.testing.assert_close(_until_eos(ours, our_logprobs, row),
                                    _until_eos(theirs, their_logprobs, row),
                                    atol=1e-4, rtol=0)
+
+
+def test_a_region_that_fails_to_compile_runs_eager_from_then_on(monkeypatch):
+    """rollout.compile_decode on a machine where compiling fails (no Triton, no C compiler): the
+    step runs eager and gives the same logits, instead of failing the generation."""
+    from services.rollout.engines import decoder as decoder_module
+    from services.rollout.engines.decoder import KVCache, StaticDecoder
+
+    def broken_compile(fn, **_):
+        def fails(*args):
+            raise RuntimeError("InductorError: no working C compiler")
+        return fails
+
+    monkeypatch.setattr(decoder_module.torch, "compile", broken_compile)
+    model = _model("llama")
+    results = []
+    for compiled in (False, True):
+        cache = KVCache.allocate(model, 2, 8)
+        valid = torch.zeros(2, 8, dtype=torch.bool)
+        valid[:, :3] = True
+        dec = StaticDecoder(model, compile_layers=compiled)
+        with torch.no_grad():
+            results.append(dec.step(cache, torch.tensor([5, 6]), torch.tensor([3, 3]), torch.tensor([3]),
+                                    valid))
+    assert torch.equal(results[0], results[1])
+    assert dec.pre_attention.compiled is None and dec.post_attention.compiled is None

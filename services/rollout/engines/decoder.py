@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import structlog
 import torch
 import torch.nn.functional as F
+
+log = structlog.get_logger(__name__)
 
 #: decoder-only architectures whose layers are pre-norm attention + MLP, as this module runs them
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
@@ -90,6 +93,28 @@ def _post_attention(layer: torch.nn.Module, h: torch.Tensor, out: torch.Tensor) 
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+class CompiledRegion:
+    """`torch.compile(fn)`, or `fn` itself from the first call on which compiling fails on this
+    machine (no Triton, no C compiler, an unsupported op): the decode loop then runs eager, slower
+    but right, and says why once."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+
+    def __call__(self, *args):
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure: fall back, never fail generation
+                if isinstance(exc, torch.OutOfMemoryError):
+                    raise
+                log.warning("rollout.compile_decode_failed", region=self.fn.__name__, using="eager",
+                            error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                self.compiled = None
+        return self.fn(*args)
+
+
 class StaticDecoder:
     """Runs `model` (one of SUPPORTED_MODEL_TYPES) over a KVCache.
 
@@ -114,8 +139,8 @@ class StaticDecoder:
         self.groups = model.config.num_attention_heads // model.config.num_key_value_heads
         self.pre_attention, self.post_attention = _pre_attention, _post_attention
         if compile_layers:
-            self.pre_attention = torch.compile(_pre_attention, dynamic=True, fullgraph=True)
-            self.post_attention = torch.compile(_post_attention, dynamic=True, fullgraph=True)
+            self.pre_attention = CompiledRegion(_pre_attention)
+            self.post_attention = CompiledRegion(_post_attention)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.model.model.norm(h)).float()
