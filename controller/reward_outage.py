@@ -54,6 +54,9 @@ class RewardOutage:
             self.cause = str(exc)
             began = self.state == SCORING
             if began:
+                # Journalled first, then admission pauses: each change is in the journal before
+                # admission acts on it (the lock keeps a second failure from telling it again).
+                self._tell(OUTAGE, cause=self.cause[:300])
                 self.state, self.since = OUTAGE, self.clock()
                 self.outages += 1
             lasted = self.clock() - self.since
@@ -61,7 +64,6 @@ class RewardOutage:
             log.warning(f"reward outage: no reward source can score ({self.cause}); admission paused, "
                         f"generated groups wait; the run stops if this lasts reward.max_outage_s="
                         f"{self.max_outage_s:g}s")
-            self._tell(OUTAGE, cause=self.cause[:300])
         if lasted > self.max_outage_s:
             raise RewardOutageExpired(f"no reward for {lasted:.0f}s (reward.max_outage_s="
                                       f"{self.max_outage_s:g}): {self.cause}")
@@ -70,11 +72,12 @@ class RewardOutage:
         with self._lock:
             if self.state == SCORING:
                 return
-            self.state = SCORING
             lasted = self.clock() - self.since
+            self._tell(SCORING, outage_s=round(lasted, 3))  # journalled before admission resumes
+            self.state = SCORING
         log.warning(f"reward outage over after {lasted:.1f}s; admission resumes")
-        self._tell(SCORING, outage_s=round(lasted, 3))
 
     def _tell(self, state: str, **fields) -> None:
+        """Called with the lock held, before the state changes: `on_change` must not call back."""
         if self.on_change is not None:
             self.on_change(state, fields)
