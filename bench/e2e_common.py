@@ -1,4 +1,5 @@
-"""Shared parts of bench/e2e_grpo.py: the model folder, the prompts, and the throughput arithmetic.
+"""Shared parts of bench/e2e_grpo.py and bench/small_job.py: the model folder, the prompts, the
+throughput arithmetic, and following a run's metrics.jsonl as it grows.
 
 The model is a Qwen2 of a chosen shape with random weights and the embedded tiny model's
 digit-level tokenizer (rlfleet.models.tiny.build_tokenizer); the vocabulary is padded to the
@@ -14,6 +15,33 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+
+def subprocess_env(repo: Path) -> dict[str, str]:
+    """This environment with `repo` first on PYTHONPATH, for the runs a bench starts."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+class JsonlFollower:
+    """The complete JSON lines appended to a file (a run's metrics.jsonl) since the last look."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, ""
+
+    def new_lines(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path) as f:
+            f.seek(self.offset)
+            self.partial += f.read()
+            self.offset = f.tell()
+        *complete, self.partial = self.partial.split("\n")
+        return [json.loads(text) for text in complete if text.strip()]
+
 
 # hidden, intermediate, layers, heads, kv heads, vocab (tied embeddings in both)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from bench.e2e_common import (  # noqa: E402
     build_model_dir,
     format_table,
     max_prompt_tokens,
+    subprocess_env,
     write_prompts,
 )
 
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = subprocess_env(REPO)
 
     t = time.perf_counter()
     model_dir = build_model_dir(args.shape, Path(args.cache_dir or work / "models"), args.device, args.seed)

@@ -6,7 +6,6 @@ appears (polled every 20 ms), and its samples and generated tokens come from the
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.e2e_common import ArmResult, StepRecord
+from bench.e2e_common import ArmResult, JsonlFollower, StepRecord
 
 
 def overrides(args, *, name: str, staleness: int, model_dir: Path, parquet: Path,
@@ -70,22 +69,13 @@ def run_arm(args, *, name: str, staleness: int, model_dir: Path, parquet: Path, 
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        offset, buf, error = 0, "", ""
+        metrics, error = JsonlFollower(metrics_path), ""
         try:
             while True:
                 now = time.perf_counter() - t0
-                if metrics_path.exists():
-                    with open(metrics_path) as f:
-                        f.seek(offset)
-                        chunk = f.read()
-                        offset = f.tell()
-                    buf += chunk
-                    *lines, buf = buf.split("\n")
-                    for text in lines:
-                        if text.strip():
-                            line = json.loads(text)
-                            if "timing/step_s" in line:  # not an evaluation-only line
-                                steps.append(_record(line, now))
+                for line in metrics.new_lines():
+                    if "timing/step_s" in line:  # not an evaluation-only line
+                        steps.append(_record(line, now))
                 if proc.poll() is not None:
                     break
                 if now > args.arm_timeout_s:

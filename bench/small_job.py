@@ -44,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.e2e_rlfleet import _record, _stop  # noqa: E402 - after the sys.path insert above
+from bench.e2e_common import JsonlFollower, subprocess_env  # noqa: E402 - after the sys.path insert above
+from bench.e2e_rlfleet import _record, _stop  # noqa: E402
 from bench.proc_memory import MemoryPeak, TreeMemory, cpu_seconds  # noqa: E402
 
 # trl-1t: TRL with one torch thread. On a machine shared with other work, a 2-thread OpenMP process
@@ -177,24 +178,16 @@ def run_rlfleet(args, job: dict, arm: str, rnd: int, env: dict) -> ArmRun:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
                                 start_new_session=True)
         memory = TreeMemory(proc.pid, gpu=args.device == "cuda")
-        offset, buf = 0, ""
+        metrics = JsonlFollower(metrics_path)
         try:
             while True:
                 now = time.perf_counter() - t0
-                if metrics_path.exists():
-                    with open(metrics_path) as f:
-                        f.seek(offset)
-                        chunk = f.read()
-                        offset = f.tell()
-                    buf += chunk
-                    *texts, buf = buf.split("\n")
-                    for text in filter(str.strip, texts):
-                        line = json.loads(text)
-                        if "timing/step_s" in line:
-                            record = _record(line, now)
-                            result.steps.append((record.step, now, record.samples))
-                            lines.append(line)
-                            cpu_marks[record.step] = cpu_seconds(proc.pid)
+                for line in metrics.new_lines():
+                    if "timing/step_s" in line:
+                        record = _record(line, now)
+                        result.steps.append((record.step, now, record.samples))
+                        lines.append(line)
+                        cpu_marks[record.step] = cpu_seconds(proc.pid)
                 if proc.poll() is not None:
                     break
                 if now > args.arm_timeout_s:
@@ -246,18 +239,15 @@ def run_trl(args, job: dict, rnd: int, model_dir: Path, rows_file: Path, env: di
                                 stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
         memory = TreeMemory(proc.pid, gpu=args.device == "cuda")
         cpu_marks: dict[int, float] = {}
-        seen = 0
+        steps = JsonlFollower(steps_file)
         try:
             while proc.poll() is None:  # the steps file is read as it grows, to stamp the CPU time
                 if time.time() - t0 > args.arm_timeout_s:
                     result.error = f"timed out after {args.arm_timeout_s:.0f}s"
                     proc.kill()
                     break
-                if steps_file.exists():
-                    texts = steps_file.read_text().splitlines()
-                    for text in texts[seen:]:
-                        cpu_marks[json.loads(text)["step"]] = cpu_seconds(proc.pid)
-                    seen = len(texts)
+                for line in steps.new_lines():
+                    cpu_marks[line["step"]] = cpu_seconds(proc.pid)
                 time.sleep(0.02)
             if proc.wait() != 0 and not result.error:
                 result.error = f"exit {proc.returncode}; log {log_path}"
@@ -338,9 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env = subprocess_env(REPO)
     job = job_settings(args)
 
     from rlfleet.models.resolve import resolve_model_path

@@ -50,3 +50,19 @@ def test_trl_save_steps_option():
     for bad in ("20,x", "0,20", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="--save-steps wants"):
             save_steps(bad)
+
+
+def test_jsonl_follower_returns_each_complete_line_once_and_keeps_a_partial_one(tmp_path):
+    """The benches follow a run's metrics.jsonl while it is written: a line is read once, and only
+    when complete (a half-written line would not parse)."""
+    from bench.e2e_common import JsonlFollower
+
+    path = tmp_path / "metrics.jsonl"
+    follower = JsonlFollower(path)
+    assert follower.new_lines() == []  # not written yet
+    path.write_text('{"step": 1}\n{"step": 2')
+    assert follower.new_lines() == [{"step": 1}]
+    with open(path, "a") as f:
+        f.write(', "x": 3}\n')
+    assert follower.new_lines() == [{"step": 2, "x": 3}]
+    assert follower.new_lines() == []
