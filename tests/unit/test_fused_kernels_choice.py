@@ -29,3 +29,13 @@ def test_on_the_cpu_auto_keeps_the_model_and_liger_names_the_key():
 def test_unsupported_architectures_are_named():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     assert "model type 'gpt2'" in liger_unavailable_reason(model, torch.device("cuda"))
+
+
+def test_the_sharded_learner_refuses_liger_instead_of_ignoring_it():
+    """learner.world_size > 1 runs the FSDP learner, which does not swap in Liger's kernels: asking
+    for them there is one clear config error, not a silent no-op."""
+    from rlfleet.config import LearnerConfig
+
+    with pytest.raises(ValueError, match="learner.fused_kernels"):
+        LearnerConfig(world_size=2, fused_kernels="liger")
+    assert LearnerConfig(world_size=2, fused_kernels="auto").fused_kernels == "auto"
