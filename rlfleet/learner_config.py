@@ -60,7 +60,8 @@ class LearnerConfig(ServiceEndpointConfig):
         "null: on for a single-process learner on a GPU, else off")
     fused_kernels: Literal["none", "liger", "auto"] = Field(
         "none", description="fused Triton kernels for RMSNorm, rotary and SwiGLU from Liger Kernel (liger; "
-        "auto: where it can run: a GPU, liger-kernel installed, a Llama/Qwen2/Qwen3/Mistral model); off by "
+        "auto: where it can run: a single-process learner on a GPU, liger-kernel installed, a "
+        "Llama/Qwen2/Qwen3/Mistral model); off by "
         "default: no faster with packing and chunked log-probs on the models measured (docs/performance.md)")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
                                          "(non-reentrant): less memory, ~1/3 more compute; pair with "
@@ -81,6 +82,9 @@ class LearnerConfig(ServiceEndpointConfig):
         if self.world_size > 1 and ((self.logprob_chunk_tokens or 0) > 0 or self.pack_sequences):
             raise ValueError("learner.logprob_chunk_tokens and learner.pack_sequences are single-process "
                              "options for now; set them to 0/false with learner.world_size > 1")
+        if self.world_size > 1 and self.fused_kernels == "liger":  # auto: where it can run, so not there
+            raise ValueError("learner.fused_kernels=liger is a single-process option for now; set it to "
+                             "none or auto with learner.world_size > 1")
         return self
 
     @model_validator(mode="before")

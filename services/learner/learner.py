@@ -45,7 +45,7 @@ class Learner:
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-        self.fused_kernels = apply_fused_kernels(base, cfg.fused_kernels, device)
+        apply_fused_kernels(base, cfg.fused_kernels, device)
         if cfg.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad (frozen embeddings under LoRA) and
             # with the chunked lm_head, and is the variant torch recommends.
