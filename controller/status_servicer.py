@@ -60,6 +60,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         try:
             member = self._fleet().join(request.address, request.name, request.model_identity,
                                         request.model_summary, request.model_architecture)
+        except NotReady as exc:  # not a refusal: the replica joins again by itself in a few seconds
+            log.info(f"asked rollout replica {request.name or '?'} at {request.address} to join again: {exc}")
+            context.abort(status_code_of(exc), str(exc))
         except RlfleetError as exc:
             log.warning(f"refused rollout replica {request.name or '?'} at {request.address}: {exc}")
             context.abort(status_code_of(exc), str(exc))
