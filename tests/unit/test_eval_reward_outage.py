@@ -19,14 +19,19 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 class EvalOutageReward(FakeReward):
-    """The reward service is down for the first `failures` validation Score calls."""
+    """The reward service goes down at the first validation Score call and fails every call, the
+    training side's too, until `failures` calls have failed: a service that is down refuses
+    everyone. (Failing validation calls only let a concurrent training call end the outage in
+    between, which no real outage does, and the journal then saw two.)"""
 
     def __init__(self, faults: Faults, failures: int) -> None:
         super().__init__(faults)
-        self.failures = failures
+        self.failures, self.down = failures, False
 
     def score(self, items):
         if items and items[0].id.startswith("eval-") and self.failures > 0:
+            self.down = True
+        if self.down and self.failures > 0:
             self.failures -= 1
             raise ServiceUnavailable("reward service at fake-reward:2: Score failed with UNAVAILABLE: "
                                      "Connection refused")
