@@ -3,8 +3,9 @@
 Loads the real model (e.g. SmolLM2-135M from `rlfleet model import`) and `--prompts` prompts of the
 job's data, then in one run on one GPU:
   decode    rlfleet's decode loop on `--prompts` x `--n` rows at the job's temperature and budget,
-            CUDA graphs with the step eager (rollout.compile_decode=false) and compiled (the default):
-            time per generation, decode steps, ms per step, new tokens/s, response-length spread
+            per arm (DECODE_ARMS): CUDA graphs with the step eager (rollout.compile_decode=false),
+            compiled (the default), and compiled without finished-row compaction: time per
+            generation, decode steps, ms per step, new tokens/s, response lengths
   learner   one GRPO train step on the rows it generated (real lengths, responses ending at EOS),
             per learner variant (fused kernels x packing x chunked log-probs): ms per step, tokens/s
   profile   the top GPU kernels of one train step of the first and the last learner variant
@@ -32,6 +33,12 @@ LEARNER_VARIANTS = {  # name: LearnerConfig options
 }
 
 
+DECODE_ARMS = {  # name: StaticGenerator options
+    "graphs": {"compile_decode": False},
+    "compiled": {"compile_decode": True},
+    "compiled/no-compaction": {"compile_decode": True, "compact": False},
+}
+
 DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
 
 
@@ -55,8 +62,8 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.new, seed=0)
     results, generated = {}, []
-    for arm, compiled in (("graphs", False), ("compiled", True)):
-        gen = StaticGenerator(model, pad, eos, cuda_graphs=True, compile_decode=compiled)
+    for arm in args.decode_arms.split(","):
+        gen = StaticGenerator(model, pad, eos, cuda_graphs=True, **DECODE_ARMS[arm])
         times, steps, new_tokens, lengths = [], [], [], []
         for i, prompts in enumerate(rows_per_batch):
             rows = [r for r in prompts for _ in range(n)]
@@ -73,7 +80,7 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
             steps.append(tokens.shape[1])
             new_tokens.append(sum(ends))
             lengths += ends
-            if compiled and len(generated) < 1:
+            if arm == "compiled" and len(generated) < 1:
                 generated.append((rows, tokens, logprobs, ends))
         s = statistics.median(times)
         median_steps = statistics.median(steps)
@@ -83,13 +90,14 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
                                          "p90": sorted(lengths)[int(0.9 * len(lengths))],
                                          "max": max(lengths)},
                         "first_call_s": results.pop(f"{arm}/first_call_s")}
-        print(f"decode {arm:9s} {s * 1e3:7.0f} ms/generation  {results[arm]['steps']:.0f} steps  "
+        print(f"decode {arm:22s} {s * 1e3:7.0f} ms/generation  {results[arm]['steps']:.0f} steps  "
               f"{results[arm]['ms_per_step']:.2f} ms/step  {results[arm]['new_tok_s']:,.0f} new tok/s  "
               f"first call {results[arm]['first_call_s']:.1f} s  lengths {results[arm]['response_len']}",
               flush=True)
         del gen
         gc.collect()
-        torch.cuda.empty_cache()
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
     return results, generated
 
 
@@ -165,6 +173,7 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--variants", default=",".join(LEARNER_VARIANTS))
+    ap.add_argument("--decode-arms", default=",".join(DECODE_ARMS))
     ap.add_argument("--device", default="cuda", help="cpu: a smoke check of the script (tiny model)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -182,8 +191,10 @@ def main() -> None:
     report["decode"], generated = decode(model, tokenizer, batches, args.n, args)
     del model
     gc.collect()
-    torch.cuda.empty_cache()
-    report["learner"] = learner(args.model, train_batches(generated, args.train_steps), args)
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+    if args.variants:  # --variants "": the decode arms only
+        report["learner"] = learner(args.model, train_batches(generated, args.train_steps), args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 

@@ -52,3 +52,24 @@ def test_graph_replayed_greedy_decode_matches_generate_and_follows_in_place_weig
     expected, _ = transformers_greedy(other, rows, 64)
     assert not torch.equal(after, ours)
     assert torch.equal(after[:, :expected.shape[1]], expected)
+
+
+@pytest.mark.parametrize("compile_decode", [False, True], ids=["eager-step", "compiled-step"])
+def test_rows_that_ended_leave_the_replayed_batch_with_the_tokens_unchanged(compile_decode):
+    """Finished-row compaction under CUDA graphs: the narrowed slots are captured at their first step
+    (in the middle of a generation) and replayed by the next; greedy tokens stay generate()'s."""
+    from tests.unit.test_decode_compaction import greedy_reference
+
+    model, rows = _model(0), _rows(100)  # bucket 128
+    eos_ids = list(range(2, SHAPE["vocab_size"], 24))  # 1 token in 24 ends a row: lengths vary
+    generator = StaticGenerator(model, PAD, eos_ids, cuda_graphs=True, compile_decode=compile_decode)
+    params = SamplingParams(temperature=0.0, max_new_tokens=96)
+    first, first_logprobs = generator.generate(rows, params)
+    again, again_logprobs = generator.generate(rows, params)  # replays the narrowed slots' graphs
+    slot = generator.slots.get(len(rows), max(map(len, rows)) + 96)
+    narrowed = [s for s in slot._narrowed.values() if s.graph is not None]
+    assert narrowed, "no narrowed slot was captured: the rows did not end at different steps"
+    theirs, _ = greedy_reference(model, rows, 96, eos_ids)
+    assert torch.equal(first[:, :theirs.shape[1]], theirs)
+    assert torch.equal(again, first) and torch.equal(again_logprobs, first_logprobs)
+

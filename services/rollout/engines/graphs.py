@@ -1,7 +1,8 @@
 """Decode-step slots: a KV cache with the step's static inputs, replayed as a CUDA graph on GPU.
 
 A slot is keyed by (batch bucket, cache length bucket), so chunks of similar size reuse one
-capture; a few slots are kept (least recently used goes first) because each holds a cache.
+capture; a few slots are kept (least recently used goes first) because each holds a cache. A
+slot's narrowed slots (its first rows, for the rows still generating) share its cache.
 """
 from __future__ import annotations
 
@@ -27,28 +28,57 @@ class DecodeSlot:
     """Static inputs of one decode step (ids, positions, column, valid) and its cache.
 
     `step()` returns the logits [B, V]; with a CUDA graph they live in the graph's output
-    buffer and are overwritten by the next replay."""
+    buffer and are overwritten by the next replay.
 
-    def __init__(self, decoder: StaticDecoder, batch: int, length: int, capture: bool, pool=None):
-        self.decoder = decoder
-        self.cache = KVCache.allocate(decoder.model, batch, length)
-        device = self.cache.keys.device
-        self.ids = torch.zeros(batch, dtype=torch.long, device=device)
-        self.positions = torch.zeros(batch, dtype=torch.long, device=device)
-        self.column = torch.zeros(1, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    `narrowed(b)` is the slot's first b rows as a slot of their own (views of the same cache and
+    inputs, a graph of its own), so generation can move its unfinished rows there and stop paying
+    for the finished ones."""
+
+    def __init__(self, decoder: StaticDecoder, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
+                 column: torch.Tensor, valid: torch.Tensor, capture: bool, pool=None):
+        self.decoder, self.cache = decoder, cache
+        self.ids, self.positions, self.column, self.valid = ids, positions, column, valid
         self.graph: torch.cuda.CUDAGraph | None = None
-        if capture:
-            self._capture(pool)
+        self._capture_at_first_step, self._pool = capture, pool
+        self._narrowed: dict[int, DecodeSlot] = {}
+
+    @classmethod
+    def allocate(cls, decoder: StaticDecoder, batch: int, length: int, capture: bool,
+                 pool=None) -> DecodeSlot:
+        cache = KVCache.allocate(decoder.model, batch, length)
+        device = cache.keys.device
+
+        def longs(size: int) -> torch.Tensor:
+            return torch.zeros(size, dtype=torch.long, device=device)
+
+        slot = cls(decoder, cache, longs(batch), longs(batch), longs(1),
+                   torch.zeros(batch, length, dtype=torch.bool, device=device), capture=False, pool=pool)
+        if capture:  # now, before any prefill: the capture's warm-up writes land in an unused cache
+            slot._capture()
+        return slot
 
     @property
     def batch(self) -> int:
         return self.cache.batch
 
+    def narrowed(self, batch: int) -> DecodeSlot:
+        """This slot's first `batch` rows: their cache, ids, positions and valid columns are views of
+        this slot's, the column is shared. Its graph is captured at its first step, whose inputs are
+        then set for real: the capture's warm-up runs are that very step (it only writes its own
+        column, so running it again gives the same cache)."""
+        if batch == self.batch:
+            return self
+        if batch not in self._narrowed:
+            cache = KVCache(self.cache.keys[:, :batch], self.cache.values[:, :batch])
+            self._narrowed[batch] = DecodeSlot(self.decoder, cache, self.ids[:batch], self.positions[:batch],
+                                               self.column, self.valid[:batch],
+                                               capture=self.graph is not None, pool=self._pool)
+        return self._narrowed[batch]
+
     def _eager(self) -> torch.Tensor:
         return self.decoder.step(self.cache, self.ids, self.positions, self.column, self.valid)
 
-    def _capture(self, pool) -> None:
+    def _capture(self) -> None:
         # Warm-up runs on a side stream first: cuBLAS handles and workspaces are created
         # outside the capture, as CUDA graphs require.
         side = torch.cuda.Stream()
@@ -59,10 +89,13 @@ class DecodeSlot:
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # thread_local: the weight-sync thread may receive a broadcast while this thread captures.
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(self.graph, pool=self._pool, capture_error_mode="thread_local"):
             self._logits = self._eager()
 
     def step(self) -> torch.Tensor:
+        if self._capture_at_first_step:
+            self._capture_at_first_step = False
+            self._capture()
         if self.graph is None:
             return self._eager()
         self.graph.replay()
@@ -83,6 +116,6 @@ class SlotCache:
         if slot is None:
             while len(self._slots) >= self.keep:
                 self._slots.popitem(last=False)
-            slot = DecodeSlot(self.decoder, *key, capture=self.capture, pool=self._pool)
+            slot = DecodeSlot.allocate(self.decoder, *key, capture=self.capture, pool=self._pool)
         self._slots[key] = slot
         return slot

@@ -10,10 +10,13 @@ import torch
 
 from rlfleet.types import SamplingParams
 from services.rollout.engines.decoder import KVCache, StaticDecoder
-from services.rollout.engines.graphs import SlotCache
+from services.rollout.engines.graphs import DecodeSlot, SlotCache, batch_bucket
 from services.rollout.engines.sampling import TokenSampler
 
-FINISH_CHECK_EVERY = 8  # steps between the host's looks at "has every row finished?" (each one syncs)
+FINISH_CHECK_EVERY = 8  # steps between the host's looks at "how many rows still generate?" (each one syncs)
+#: rows below which compaction stops: a step this small costs its kernel launches, not its rows, and
+#: batch 1 would make the compiled regions specialise (one more compilation)
+MIN_COMPACT_BATCH = 8
 PREFILL_TOKENS = 16384  # prompt tokens prefilled together
 
 
@@ -32,12 +35,18 @@ def left_padded(rows: list[list[int]], width: int,
 
 
 class StaticGenerator:
+    """With `compact` (the default), finished rows stop costing decode steps: every
+    FINISH_CHECK_EVERY steps, once the unfinished rows fit a smaller batch bucket, they move (cache,
+    valid columns, lengths) to the first rows of the slot and the loop goes on with the slot narrowed
+    to that bucket. GRPO's short answers that end at EOS leave most of a batch finished long before
+    its longest row is; without compaction every step still computed all of them."""
+
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: list[int], cuda_graphs: bool,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, compact: bool = True):
         self.device = next(model.parameters()).device
         on_gpu = self.device.type == "cuda"
         self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu)
-        self.pad_id, self.eos_ids = pad_id, eos_ids
+        self.pad_id, self.eos_ids, self.compact = pad_id, eos_ids, compact
         self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu)
 
     @torch.no_grad()
@@ -59,20 +68,31 @@ class StaticGenerator:
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
         finished[len(rows):] = True  # bucket padding rows never hold generation up
         logits = self._prefill_distinct(slot.cache, ids, positions, slot.valid, rows)
-        steps = new
+        steps, active = new, slot
+        row_of = torch.arange(batch, device=self.device)  # the row of `tokens` each row of `active` decodes
+        last = tokens[:, 0]  # the previous step's tokens, fed to the next step
         for t in range(new):
             if t:
-                slot.ids.copy_(tokens[:, t - 1])
-                torch.add(lengths, t - 1, out=slot.positions)
-                slot.column.fill_(width + t - 1)
-                logits = slot.step()
+                active.ids.copy_(last)
+                torch.add(lengths, t - 1, out=active.positions)
+                active.column.fill_(width + t - 1)
+                logits = active.step()
             token, logprob = sampler(logits, first=t == 0)
-            tokens[:, t] = torch.where(finished, self.pad_id, token)  # a finished row emits padding
-            logprobs[:, t] = torch.where(finished, 0.0, logprob)
+            last = torch.where(finished, self.pad_id, token)  # a finished row emits padding
+            tokens[row_of, t] = last
+            logprobs[row_of, t] = torch.where(finished, 0.0, logprob)
             finished |= torch.isin(token, eos)
-            if (t + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all()):
-                steps = t + 1
-                break
+            if (t + 1) % FINISH_CHECK_EVERY == 0:
+                remaining = int(finished.numel() - finished.sum())  # the loop's one host sync
+                if not remaining:
+                    steps = t + 1
+                    break
+                narrower = max(batch_bucket(remaining), MIN_COMPACT_BATCH)
+                if self.compact and narrower < active.batch:
+                    order = _unfinished_first(finished)[:narrower]
+                    active = _compact(slot, active, order, columns=width + t)
+                    lengths, finished = lengths[order], finished[order]
+                    row_of, last = row_of[order], last[order]
         return tokens[:len(rows), :steps].cpu(), logprobs[:len(rows), :steps].cpu()
 
     def _prefill_distinct(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor,
@@ -109,3 +129,20 @@ class StaticGenerator:
             logits.append(self.decoder.prefill(block, ids[r:r + rows], positions[r:r + rows],
                                                valid[r:r + rows]))
         return torch.cat(logits)
+
+
+def _unfinished_first(finished: torch.Tensor) -> torch.Tensor:
+    """Row indices, the unfinished rows first (in order), then the finished ones."""
+    return torch.cat([torch.nonzero(~finished)[:, 0], torch.nonzero(finished)[:, 0]])
+
+
+def _compact(slot: DecodeSlot, active: DecodeSlot, order: torch.Tensor, columns: int) -> DecodeSlot:
+    """Moves `active`'s rows `order` (their first `columns` cache columns and their valid columns)
+    to the first rows of `slot`, and returns `slot` narrowed to len(order) rows. Indexing by
+    `order` copies before the write, so the overlapping source and target are safe."""
+    target = slot.narrowed(len(order))
+    for layer in range(slot.cache.keys.shape[0]):  # one layer at a time: the copy's buffer stays small
+        target.cache.keys[layer, :, :, :columns] = active.cache.keys[layer, order, :, :columns]
+        target.cache.values[layer, :, :, :columns] = active.cache.values[layer, order, :, :columns]
+    target.valid.copy_(active.valid[order])
+    return target
