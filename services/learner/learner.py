@@ -24,6 +24,7 @@ from services.learner.batching import validate_samples
 from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
 from services.learner.fused_kernels import apply_fused_kernels
 from services.learner.lora import apply_lora, policy_weights
+from services.learner.memory_metrics import StepMemory
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
 from services.learner.update import build_policy_update
@@ -87,12 +88,14 @@ class Learner:
             if batch.expected_version >= 0 and batch.expected_version != self.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.version}")
-            start = time.perf_counter()
+            start, memory = time.perf_counter(), StepMemory.start(self.device)
             metrics = self._optimizer_step(batch)
             self.scheduler.step()  # once per policy version, whatever the mini-batches inside the step
             self.version += 1
             self.step = batch.step
             metrics["timing/learner_step_s"] = time.perf_counter() - start
+            if memory is not None:
+                metrics.update(memory.finish())
             result = TrainResult(policy_version=self.version, metrics=metrics)
             self.step_results.record(batch, result)
             return result
