@@ -80,7 +80,7 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
             steps.append(tokens.shape[1])
             new_tokens.append(sum(ends))
             lengths += ends
-            if arm == "compiled" and len(generated) < 1:
+            if arm == "compiled":
                 generated.append((rows, tokens, logprobs, ends))
         s = statistics.median(times)
         median_steps = statistics.median(steps)
@@ -101,15 +101,18 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
     return results, generated
 
 
-def train_batches(generated, steps: int):
+def train_batches(generated, steps: int, fresh: bool):
+    """steps + 1 train batches (the first is a warm-up): the first generation's rows each time, or with
+    `fresh` each generation's own rows in turn (shapes that change every step, as in a run)."""
     from rlfleet.types import TrainBatch, TrainSample
 
-    rows, tokens, logprobs, ends = generated[0]
-    samples = []
-    for i, (prompt, end) in enumerate(zip(rows, ends)):
-        samples.append(TrainSample(prompt, tokens[i, :end].tolist(), logprobs[i, :end].tolist(),
-                                   1.0 if i % 3 == 0 else -0.5, 0))
-    return [TrainBatch(step=s + 1, samples=samples, temperature=1.0) for s in range(steps + 1)]
+    def samples_of(rows, tokens, logprobs, ends):
+        return [TrainSample(prompt, tokens[i, :end].tolist(), logprobs[i, :end].tolist(),
+                            1.0 if i % 3 == 0 else -0.5, 0)
+                for i, (prompt, end) in enumerate(zip(rows, ends))]
+
+    return [TrainBatch(step=s + 1, samples=samples_of(*generated[s % len(generated) if fresh else 0]),
+                       temperature=1.0) for s in range(steps + 1)]
 
 
 def top_kernels(fn, count: int = 12) -> list[tuple[str, float, int]]:
@@ -133,7 +136,10 @@ def learner(model_dir: Path, batches, args) -> dict:
 
     results = {}
     names = [n for n in args.variants.split(",") if n]
-    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[0].samples)
+    if args.memory_fraction and DEVICE.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, DEVICE)
+    tokens = statistics.mean(sum(len(s.prompt_ids) + len(s.response_ids) for s in b.samples)
+                             for b in batches[1:])  # real tokens per timed step
     for j, name in enumerate(names):
         with tempfile.TemporaryDirectory() as ckpt:
             lrn = Learner(LearnerConfig(lr=1e-7, micro_batch_tokens=args.micro_batch_tokens,
@@ -148,7 +154,7 @@ def learner(model_dir: Path, batches, args) -> dict:
                 _sync()
                 times.append(time.perf_counter() - t0)
             s = statistics.median(times)
-            results[name] = {"train_s": s, "tokens_per_s": tokens / s}
+            results[name] = {"train_s": s, "tokens_per_s": tokens / s, "train_s_each": times}
             print(f"learner {name:14s} {s * 1e3:7.0f} ms/step  {tokens / s:,.0f} tok/s "
                   f"({tokens} real tokens)",
                   flush=True)
@@ -174,6 +180,12 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--variants", default=",".join(LEARNER_VARIANTS))
     ap.add_argument("--decode-arms", default=",".join(DECODE_ARMS))
+    ap.add_argument("--fresh-batches", action="store_true",
+                    help="train on each generation's rows in turn (shapes change every step, as in a run) "
+                         "instead of the first generation's rows every step")
+    ap.add_argument("--memory-fraction", type=float, default=None,
+                    help="cap the learner's GPU memory as `rlfleet run` does on a shared GPU "
+                         "(learner.gpu_memory_utilization, 0.60 by default there)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke check of the script (tiny model)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -194,7 +206,8 @@ def main() -> None:
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
     if args.variants:  # --variants "": the decode arms only
-        report["learner"] = learner(args.model, train_batches(generated, args.train_steps), args)
+        batches = train_batches(generated, args.train_steps, args.fresh_batches)
+        report["learner"] = learner(args.model, batches, args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 

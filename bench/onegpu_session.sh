@@ -9,11 +9,15 @@
 # Phases, run in the order given:
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
 #                and, with .carry/data/{train,test}.jsonl (GSM8K), the GSM8K Parquet files
-#   tests        the gpu tests of the one-GPU handoff (tests/gpu/test_weight_ipc.py)
+#   tests        the one-GPU gpu tests: the IPC handoff, the graph-replayed decode loop (compiled regions,
+#                finished-row compaction), Liger, the learner's memory metrics
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
 #   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
 #   "trl N"      bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then rlfleet eval
-#   profile      bench/onegpu_profile.py: decode (graphs vs compiled step) and learner variants on the real job
+#   profile      bench/onegpu_profile.py: decode (graphs, compiled, compiled without finished-row compaction)
+#                and learner variants on the real job
+#   learner-gap  why the learner step took 0.90 s in the run and 0.50 s in the profile: the default
+#                layout on fresh batches (shapes change each step), with and without the run's 0.60 cap
 #   "calculator N [key=value ...]"  the calculator recipe (docs/recipes/calculator-smollm2.md) on setup's
 #                model and data: rlfleet eval of the base model without and with the tool, N steps of
 #                rlfleet run (which serves the calculator itself; rlfleet eval serves it in-process), the
@@ -227,9 +231,16 @@ phase() {
       rlfleet data arithmetic --output "$work/data/test.parquet" --rows $test_rows --split test 2>&1 | tail -1
       [ -d .carry/data ] || [ "$cpu" = 1 ] && gsm8k_data ;;
     tests) timeout 420 "$py" -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
-             tests/gpu/test_fused_kernels.py -p no:cacheprovider 2>&1 | tail -8 ;;
+             tests/gpu/test_fused_kernels.py tests/gpu/test_learner_memory_metrics.py -p no:cacheprovider \
+             2>&1 | tail -8 ;;
     profile) timeout 420 "$py" bench/onegpu_profile.py --model "$model" \
                --data "$work/data/train.parquet" --out "$out/onegpu_profile.json" 2>&1 | quiet | grep -v "^Loading" ;;
+    learner-gap)
+      for cap in 0 0.6; do
+        timeout 300 "$py" bench/onegpu_profile.py --model "$model" --data "$work/data/train.parquet" \
+          --decode-arms compiled --variants both/none --fresh-batches --generations 6 --train-steps 6 \
+          --memory-fraction "$cap" --out "$out/learner_gap_cap$cap.json" 2>&1 | quiet | grep -v "^Loading"
+      done ;;
     weights) timeout 300 python3 bench/weight_sync.py --device onegpu --shapes 135m,0.5b --reps 10 \
                --out "$out/weight_sync_onegpu.json" 2>&1 | quiet ;;
     run)
