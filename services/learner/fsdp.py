@@ -136,6 +136,7 @@ class ShardedLearner(Learner):
         super().__init__(*args, **kwargs)
         check_shardable(self)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.gpus_per_step = self.world_size  # the step's FLOPs are spread over every rank's GPU (MFU)
         shard_model(self.model)
         for module in self.model.modules():  # sum, not mean: each rank's loss is its share of the global one
             if isinstance(module, FSDPModule):

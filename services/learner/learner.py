@@ -22,6 +22,7 @@ from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.ipc import IpcWeightSender
 from services.learner.batching import validate_samples
 from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
+from services.learner.flops import dense_bf16_peak_flops, matmul_weights, mfu, train_flops
 from services.learner.fused_kernels import apply_fused_kernels
 from services.learner.lora import apply_lora, policy_weights
 from services.learner.memory_metrics import StepMemory
@@ -33,6 +34,8 @@ log = structlog.get_logger(__name__)
 
 
 class Learner:
+    gpus_per_step = 1  # GPUs that share one train step (the sharded learner: its world size)
+
     def __init__(self, cfg: LearnerConfig, model_path: Path, device: torch.device, dtype: torch.dtype,
                  checkpoint_dir: Path, seed: int = 0, algorithm: AlgorithmConfig | None = None,
                  max_response_tokens: int = 512, total_steps: int = 1):
@@ -71,6 +74,9 @@ class Learner:
                                           max_response_tokens=max_response_tokens)
         self.version = 0
         self.step = 0
+        on_gpu = device.type == "cuda"
+        self._peak_flops = dense_bf16_peak_flops(torch.cuda.get_device_name(device)) if on_gpu else None
+        self._matmul_weights = matmul_weights(self.model)
         self._lock = threading.Lock()  # a train step and a weight push never overlap
         self.step_results = StepResults()  # a repeated Train gets its stored result (Train is retried)
         self._group: WeightGroup | None = None
@@ -94,11 +100,19 @@ class Learner:
             self.version += 1
             self.step = batch.step
             metrics["timing/learner_step_s"] = time.perf_counter() - start
-            if memory is not None:
-                metrics.update(memory.finish())
+            metrics.update(self._gpu_metrics(batch, metrics["timing/learner_step_s"], memory))
             result = TrainResult(policy_version=self.version, metrics=metrics)
             self.step_results.record(batch, result)
             return result
+
+    def _gpu_metrics(self, batch: TrainBatch, seconds: float, memory: StepMemory | None) -> dict[str, float]:
+        """The step's memory (memory_metrics.py) and MFU (flops.py), on a GPU; nothing elsewhere."""
+        metrics = memory.finish() if memory is not None else {}
+        if self._peak_flops is not None:
+            lengths = [len(s.prompt_ids) + len(s.response_ids) for s in batch.samples]
+            flops = self.algorithm.ppo_epochs * train_flops(self.model.config, lengths, self._matmul_weights)
+            metrics["perf/learner_mfu"] = mfu(flops, seconds, self._peak_flops * self.gpus_per_step)
+        return metrics
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
         cfg = self.cfg
