@@ -74,7 +74,9 @@ def rollout_bytes(shape: Shape, dtype_bytes: int, max_batch_sequences: int,
     batch, length = _bucket(max_batch_sequences), -(-max_tokens // _LENGTH_ALIGN) * _LENGTH_ALIGN
     kv = 2 * shape.layers * batch * shape.kv_heads * length * shape.head_dim * dtype_bytes * _SLOTS_KEPT
     prefill = _PREFILL_TOKENS * (4 * shape.hidden + 2 * shape.intermediate) * dtype_bytes
-    logits = 3 * batch * shape.vocab * 4
+    # fp32 logits: a decode step's output, the sampler's temporaries (x2), and the outputs of the slots
+    # that finished-row compaction narrows to (half, a quarter, ... of the batch: under one more)
+    logits = 4 * batch * shape.vocab * 4
     return {"weights": shape.params * dtype_bytes, "weight staging": shape.params * dtype_bytes,
             "KV cache": kv, "activations": prefill + logits, "CUDA context": CONTEXT_BYTES}
 
