@@ -33,7 +33,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
         from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
 
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
-        if cfg.rollout.backend == "hf":  # (vLLM probes for Triton with find_spec, which a hidden module fails)
+        if cfg.rollout.backend == "hf":  # vLLM probes for Triton with find_spec, which a hidden module fails
             keep_triton_out(device)
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner

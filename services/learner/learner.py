@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.algorithm import AlgorithmConfig
+from rlfleet import host_memory
 from rlfleet.config import LearnerConfig
 from rlfleet.devices import transfer_device, weight_backend, weight_checksums
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
-from rlfleet.host_memory import release_freed_memory
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
@@ -96,8 +96,8 @@ class Learner:
             metrics["timing/learner_step_s"] = time.perf_counter() - start
             result = TrainResult(policy_version=self.version, metrics=metrics)
             self.step_results.record(batch, result)
-            if self.device.type == "cpu":  # the step's freed activations are host memory (rlfleet/host_memory.py)
-                release_freed_memory()
+            if self.device.type == "cpu":  # its freed activations are host memory (rlfleet/host_memory.py)
+                host_memory.step_done()
             return result
 
     def _lr_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:

@@ -15,7 +15,7 @@ from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.learner.checkpoint import read_meta, resumable_checkpoints
 
-if TYPE_CHECKING:  # imported where the device is known (rlfleet/app/serve.py): a CPU learner keeps Triton out first
+if TYPE_CHECKING:  # imported once the device is known (rlfleet/app/serve.py): a CPU learner keeps Triton out
     from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name

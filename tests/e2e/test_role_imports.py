@@ -66,7 +66,8 @@ CONTROLLER = textwrap.dedent("""
     prompts, _ = load_prompts(train_files(cfg), load_prompt_tokenizer(model_dir), "prompt", limit)
     assert prompts
     assert ADVANTAGE_ESTIMATORS.get(cfg.algorithm.advantage).group_advantages([1.0, 0.0])[0] > 0
-    json.dump(sorted(name for name, module in list(sys.modules.items()) if module is not None), open(out, "w"))
+    json.dump(sorted(name for name, module in list(sys.modules.items()) if module is not None),
+              open(out, "w"))
 """)
 
 
@@ -96,8 +97,8 @@ def test_the_launcher_and_controller_start_up_imports_no_torch(tmp_path: Path) -
 
 @pytest.mark.slow
 @pytest.mark.parametrize("role", ["rollout", "learner"])
-def test_the_roles_that_do_tensor_work_import_torch_but_on_the_cpu_no_triton(tmp_path: Path, role: str) -> None:
+def test_the_roles_that_do_tensor_work_import_torch_but_on_cpu_no_triton(tmp_path: Path, role: str) -> None:
     modules = modules_of(SERVICE, str(tmp_path / "run"), role, f"{role}.device=cpu", tmp_path=tmp_path)
     assert "torch" in modules and "transformers.modeling_utils" in modules
-    if importlib.util.find_spec("triton") is not None:  # installed here (torch's CUDA build, vLLM), so kept out
+    if importlib.util.find_spec("triton") is not None:  # installed (torch's CUDA build, vLLM): kept out
         assert "triton" not in modules, sorted(m for m in modules if m.split(".")[0] == "triton")[:5]

@@ -154,6 +154,6 @@ def test_micro_batch_tokens_default_follows_the_device():
     # CPU: a quarter of the activation memory at the same speed (bench/RESULTS.md, issue 26); GPU: 4096
     learner = load_config(None, []).learner
     assert learner.micro_batch_tokens is None
-    assert (learner.micro_batch_tokens_on(on_gpu=False), learner.micro_batch_tokens_on(on_gpu=True)) == (1024, 4096)
+    assert [learner.micro_batch_tokens_on(on_gpu=gpu) for gpu in (False, True)] == [1024, 4096]
     chosen = load_config(None, ["learner.micro_batch_tokens=8192"]).learner
-    assert (chosen.micro_batch_tokens_on(on_gpu=False), chosen.micro_batch_tokens_on(on_gpu=True)) == (8192, 8192)
+    assert [chosen.micro_batch_tokens_on(on_gpu=gpu) for gpu in (False, True)] == [8192, 8192]

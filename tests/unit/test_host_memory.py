@@ -49,3 +49,14 @@ def test_release_freed_memory_returns_freed_heap_pages() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = map(int, out.stdout.split())
     assert before - after >= 150, (before, after)  # ~200 MB freed and still resident before the trim
+
+
+def test_a_role_releases_after_its_steps_only_when_the_service_asked() -> None:
+    from rlfleet import host_memory
+
+    assert host_memory.step_done() is False  # run.release_freed_memory is off by default
+    host_memory.release_after_each_step(True)
+    try:
+        assert host_memory.step_done() is sys.platform.startswith("linux")
+    finally:
+        host_memory.release_after_each_step(False)

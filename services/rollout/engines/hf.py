@@ -15,10 +15,10 @@ import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlfleet import host_memory
 from rlfleet.config import RolloutConfig
 from rlfleet.devices import placement
 from rlfleet.errors import ConfigError
-from rlfleet.host_memory import release_freed_memory
 from rlfleet.ops.logprobs import token_logprobs
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
@@ -106,7 +106,7 @@ class HFEngine(RolloutEngine):
             else:
                 new_ids, logprobs = self._transformers_generate(rows, params)
         if self._device.type == "cpu":  # the chunk's freed buffers are host memory (rlfleet/host_memory.py)
-            release_freed_memory()
+            host_memory.step_done()
         completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
                        for i in range(len(rows))]
         return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
