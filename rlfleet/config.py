@@ -37,6 +37,11 @@ class RunConfig(Section):
                                                                     "level written to logs/ and stderr")
     threads_per_service: int = Field(0, ge=0, description="torch CPU threads per service; 0 lets "
                                      "`rlfleet run` split the cores between services")
+    release_freed_memory: bool = Field(
+        False, description="a rollout or learner on the CPU gives the memory its step freed back to the OS "
+        "after each generation chunk / train step (glibc malloc_trim): ~90 MB less summed RSS on the "
+        "small CPU job, but the next step faults the pages in again (sync samples/s -6 % median there); "
+        "see bench/RESULTS.md")
     max_restarts: int = Field(3, ge=0, description="`rlfleet run` restarts a service that dies up to "
                               "this many times (exponential backoff from 1 s); 0 stops the run and names "
                               "the service")

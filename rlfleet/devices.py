@@ -1,6 +1,8 @@
 """Device and dtype choice, shared by every service."""
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from rlfleet.errors import ConfigError
@@ -21,6 +23,22 @@ def resolve_device(spec: str, prefer_index: int = 0) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {spec!r} asked for CUDA but no GPU is visible")
     return device
+
+
+def keep_triton_out(device: torch.device) -> bool:
+    """Make Triton unimportable in a process whose tensors all live on `device`, if that is the CPU;
+    call it before transformers' models are imported. Returns whether it did.
+
+    Why: transformers imports torch._dynamo, which imports Triton whenever the package is installed
+    (it is with torch's CUDA build, or beside vLLM): ~70 MB of resident memory per process for a
+    compiler of GPU kernels that a CPU process never runs (torch.compile's CPU backend emits C++).
+    `sys.modules["triton"] = None` is how Python says "not installed": torch's and transformers'
+    imports of Triton are guarded by `except ImportError`, exactly as on a CPU-only install.
+    Nothing changes on a GPU, or where Triton is already loaded."""
+    if device.type != "cpu" or "triton" in sys.modules:
+        return False
+    sys.modules["triton"] = None
+    return True
 
 
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:

@@ -25,8 +25,9 @@ class LearnerConfig(ServiceEndpointConfig):
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW beta1, beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
-    micro_batch_tokens: int = Field(4096, ge=1, description="token budget of one micro-batch "
-                                    "(padded length x sequences)")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="token budget of one micro-batch (padded length x sequences); null: 4096 "
+        "on a GPU, 1024 on the CPU (a quarter of the activation memory there, at the same speed)")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="share of its GPU's memory the learner may take; null: no cap on a "
@@ -66,6 +67,15 @@ class LearnerConfig(ServiceEndpointConfig):
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
                                          "(non-reentrant): less memory, ~1/3 more compute; pair with "
                                          "a larger micro_batch_tokens")
+
+    def micro_batch_tokens_on(self, on_gpu: bool) -> int:
+        """micro_batch_tokens as it runs, the null resolved. On the CPU a micro-batch of 4096 tokens
+        held ~200 MB of float32 activations for the built-in tiny model, 1024 a quarter of that, and
+        the step took no longer (bench/RESULTS.md, "Memory of the small CPU job"); on a GPU larger
+        micro-batches keep the device busy."""
+        if self.micro_batch_tokens is not None:
+            return self.micro_batch_tokens
+        return 4096 if on_gpu else 1024
 
     def forward_layout(self, on_gpu: bool) -> tuple[int, bool]:
         """(logprob_chunk_tokens, pack_sequences) as they run, the nulls resolved: on for a single-process

@@ -72,7 +72,7 @@ def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path:
     shared = roles_share_gpu(cfg, torch.cuda.device_count())
     _, share = shares(cfg.rollout.gpu_memory_utilization, learner_cfg.gpu_memory_utilization, shared)
     need = learner_bytes(_model_shape(model_path), torch.finfo(dtype).bits // 8,
-                         learner_cfg.micro_batch_tokens,
+                         learner_cfg.micro_batch_tokens_on(on_gpu=True),
                          learner_cfg.gradient_checkpointing, learner_cfg.forward_layout(on_gpu=True)[0])
     total = torch.cuda.get_device_properties(device).total_memory
     check("the learner", need, share, total, "learner.gpu_memory_utilization",

@@ -30,9 +30,11 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
 
     def load() -> None:
-        from rlfleet.devices import resolve_device, resolve_dtype
+        from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
 
         device = resolve_device(cfg.rollout.device, prefer_index=index)  # replica i takes GPU i
+        if cfg.rollout.backend == "hf":  # vLLM probes for Triton with find_spec, which a hidden module fails
+            keep_triton_out(device)
         path, dtype = resolve_model_path(cfg.model.path), resolve_dtype(cfg.model.dtype, device)
         rollout_cfg = plan_rollout(cfg, device, path, dtype)  # its share of a GPU shared with the learner
         engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(path, device, dtype, rollout_cfg, cfg.run.seed)
@@ -71,7 +73,6 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from rlfleet.proto.v1 import learner_pb2_grpc
     from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
     from services.learner.checkpoint import resolve_checkpoint, restore_learner
-    from services.learner.learner import Learner
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
@@ -83,11 +84,14 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         checks.adopt(os.environ.get(VERDICTS_ENV, "[]"))
         # First, so a damaged or missing checkpoint is reported before a model load of minutes.
         checkpoint = resolve_checkpoint(cfg.run.dir / "checkpoints", cfg.learner.resume_from, checks)
-        from rlfleet.devices import resolve_device, resolve_dtype
+        from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
 
         # The learner takes the GPU after the rollout replicas' (they take 0 .. replicas-1).
         device = resolve_device(cfg.learner.device, prefer_index=cfg.rollout.replicas)
+        keep_triton_out(device)  # before transformers' models are imported (services.learner.learner)
         import torch
+
+        from services.learner.learner import Learner
 
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         learner_cfg, path = learner_runtime_config(cfg, device, gpus), resolve_model_path(cfg.model.path)

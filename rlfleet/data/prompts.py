@@ -39,7 +39,9 @@ def _read_table(path: Path, prompt_key: str) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     try:
-        table = pq.read_table(path)
+        # ParquetFile, not pq.read_table: read_table goes through pyarrow.dataset, which imports pandas
+        # (~45 MB in the controller's process) even for a file without pandas metadata.
+        table = pq.ParquetFile(path).read()
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise DataError(f"data file {path} is not readable Parquet: {exc}") from None
     missing = [c for c in (prompt_key, *REQUIRED) if c not in table.column_names]

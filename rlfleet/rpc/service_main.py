@@ -131,6 +131,10 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
         import torch
 
         torch.set_num_threads(cfg.run.threads_per_service)
+    if cfg.run.release_freed_memory and uses_torch:
+        from rlfleet.host_memory import release_after_each_step
+
+        release_after_each_step(True)
     metrics: ServiceMetrics = servicer.metrics
     if role != "reward":  # every line says which policy version the service holds when it is logged
         set_log_fields(policy_version=metrics.policy_version_now)

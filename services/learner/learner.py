@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlfleet.algorithm import AlgorithmConfig
+from rlfleet import host_memory
 from rlfleet.config import LearnerConfig
 from rlfleet.devices import transfer_device, weight_backend, weight_checksums
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
@@ -103,6 +104,8 @@ class Learner:
             metrics.update(self._gpu_metrics(batch, metrics["timing/learner_step_s"], memory))
             result = TrainResult(policy_version=self.version, metrics=metrics)
             self.step_results.record(batch, result)
+            if self.device.type == "cpu":  # its freed activations are host memory (rlfleet/host_memory.py)
+                host_memory.step_done()
             return result
 
     def _gpu_metrics(self, batch: TrainBatch, seconds: float, memory: StepMemory | None) -> dict[str, float]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
@@ -13,7 +14,9 @@ from rlfleet.rpc.errors import rpc_method
 from rlfleet.rpc.exclusive import Exclusive
 from rlfleet.security_config import LimitsConfig
 from services.learner.checkpoint import read_meta, resumable_checkpoints
-from services.learner.learner import Learner
+
+if TYPE_CHECKING:  # imported once the device is known (rlfleet/app/serve.py): a CPU learner keeps Triton out
+    from services.learner.learner import Learner
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 

@@ -200,6 +200,7 @@ def build_policy_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                         weight_decay=learner_cfg.weight_decay, grad_clip=learner_cfg.grad_clip,
                         value_clip=algo.value_clip)
     return PolicyUpdate(model, optimizer, algo, grad_clip=learner_cfg.grad_clip,
-                        micro_batch_tokens=learner_cfg.micro_batch_tokens, pad_id=pad_id, device=device,
+                        micro_batch_tokens=learner_cfg.micro_batch_tokens_on(device.type == "cuda"),
+                        pad_id=pad_id, device=device,
                         loss_scale_tokens=algo.loss_scale_tokens or max_response_tokens,
                         reference=reference, critic=critic, forward=ForwardSettings.of(learner_cfg, device))

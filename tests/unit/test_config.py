@@ -148,3 +148,12 @@ def test_prompts_per_request_fills_a_replica_batch_by_default():
     assert load_config(None, ["controller.prompts_per_step=32", "rollout.replicas=2"]).controller \
         .prompts_per_request == 16  # one request per replica
     assert load_config(None, ["controller.prompts_per_request=3"]).controller.prompts_per_request == 3
+
+
+def test_micro_batch_tokens_default_follows_the_device():
+    # CPU: a quarter of the activation memory at the same speed (bench/RESULTS.md, issue 26); GPU: 4096
+    learner = load_config(None, []).learner
+    assert learner.micro_batch_tokens is None
+    assert [learner.micro_batch_tokens_on(on_gpu=gpu) for gpu in (False, True)] == [1024, 4096]
+    chosen = load_config(None, ["learner.micro_batch_tokens=8192"]).learner
+    assert [chosen.micro_batch_tokens_on(on_gpu=gpu) for gpu in (False, True)] == [8192, 8192]

@@ -109,3 +109,9 @@ def test_lora_trains_adapters_only_and_pushes_merged_weights(tiny_model_dir: Pat
     base_name = f"base_model.model.{q_proj[:-len('.weight')]}.base_layer.weight"
     base_layer = dict(core.model.named_parameters())[base_name]
     torch.testing.assert_close(base_layer, base[q_proj], atol=0, rtol=0)
+
+
+def test_a_cpu_learner_runs_the_cpu_micro_batch_default(tiny_model_dir: Path, tmp_path: Path) -> None:
+    core = Learner(LearnerConfig(lr=1e-2), tiny_model_dir, CPU, torch.float32, tmp_path / "ckpt", seed=0,
+                   algorithm=AlgorithmConfig(), max_response_tokens=4)
+    assert core.update.micro_batch_tokens == 1024

@@ -15,6 +15,7 @@ import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlfleet import host_memory
 from rlfleet.config import RolloutConfig
 from rlfleet.devices import placement
 from rlfleet.errors import ConfigError
@@ -104,6 +105,8 @@ class HFEngine(RolloutEngine):
                 new_ids, logprobs = self._static.generate(rows, params)
             else:
                 new_ids, logprobs = self._transformers_generate(rows, params)
+        if self._device.type == "cpu":  # the chunk's freed buffers are host memory (rlfleet/host_memory.py)
+            host_memory.step_done()
         completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
                        for i in range(len(rows))]
         return [GroupResult(request_id=p.request_id, completions=completions[g * params.n:(g + 1) * params.n])
