@@ -22,7 +22,7 @@
 #                model and data: rlfleet eval of the base model without and with the tool, N steps of
 #                rlfleet run (which serves the calculator itself; rlfleet eval serves it in-process), the
 #                trained model evaluated both ways; a table (bench/calculator_table.py). The overrides go
-#                to every command (a CPU dry run: tests/bench/test_onegpu_calculator.py)
+#                to every command (a CPU dry run: tests/e2e/test_onegpu_calculator_phase.py)
 #   "parity N SEEDS [E]"  all at once on the one GPU: SEEDS rlfleet runs of the arithmetic recipe at S=0
 #                (run.seed 1..SEEDS, evaluating at step 0 and every E, default 20) and SEEDS TRL runs
 #                (same seeds, the model saved every E steps and evaluated by `rlfleet eval` as soon as

@@ -35,6 +35,11 @@ from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.types import ScoreItem, ScoreResult, TrainBatch, TrainResult
 from controller.reward_outage import RewardOutage
 
+# The wait before asking a service that failed again: RETRY_FIRST_S, doubled after every failure up to
+# RETRY_MAX_S (one policy for the reward, a replica, the learner and the weight group).
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+
 if TYPE_CHECKING:
     from controller.clients import LearnerClient, RewardClient, RolloutClient
     from controller.fleet import Fleet
@@ -89,7 +94,7 @@ class Recovery:
     def _sleep(self, delay: float) -> float:
         if self.loop.stop.wait(delay):
             raise Stopped("stopping")
-        return min(delay * 2, 5.0)
+        return min(delay * 2, RETRY_MAX_S)
 
     def _event(self, kind: str, **fields: Any) -> None:
         self.events.append({"event": kind, **fields})
@@ -100,7 +105,7 @@ class Recovery:
     def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
         """The group's rewards; waits out a reward outage (RewardOutageExpired after
         reward.max_outage_s), Stopped when the loop stops meanwhile."""
-        delay = 0.5
+        delay = RETRY_FIRST_S
         while True:
             try:
                 results = self.loop.reward.score(items)
@@ -139,7 +144,7 @@ class Recovery:
         (`rlfleet run` restarts it) and taken back into the weight group."""
         loop = self.loop
         self.requeue(rollout, dispatch, pending, "rollout_failed", exc)
-        deadline, delay = self._deadline(), 0.5
+        deadline, delay = self._deadline(), RETRY_FIRST_S
         while True:
             try:
                 if rollout.status().ready:
@@ -165,7 +170,7 @@ class Recovery:
         """Rebuilds the weight group over the fleet's members and pushes `version` to every replica;
         joiners go live once they hold it (controller/fleet.py)."""
         loop = self.loop
-        deadline, delay = self._deadline(), 0.5
+        deadline, delay = self._deadline(), RETRY_FIRST_S
         attempts = 0
         while True:
             members = loop.fleet.weight_members()
@@ -241,7 +246,7 @@ class Recovery:
         learner = self.loop.learner
         if batch.expected_version < 0:  # nothing identifies the step: a retry could train it twice
             return learner.train(batch)
-        deadline, delay = self._deadline(), 0.5
+        deadline, delay = self._deadline(), RETRY_FIRST_S
         while True:
             try:
                 return learner.train(batch)
@@ -262,7 +267,7 @@ class Recovery:
 
     def call_learner(self, fn: Callable[[], T], version: int) -> T:
         """A learner call; if the learner is down, waits for it, rebuilds the group, retries."""
-        deadline, delay = self._deadline(), 0.5
+        deadline, delay = self._deadline(), RETRY_FIRST_S
         while True:
             try:
                 return fn()

@@ -90,16 +90,17 @@ def _output_ready(output: Path, resume: str | None) -> None:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """`argv`: the command line (without the program), to start the ranks with under torchrun."""
     from rlfleet.config import load_config
-    from services.learner.distributed import torchrun_env
 
     _check_options(args)
     cfg = load_config(args.config, args.overrides)
     world_size = cfg.learner.world_size
-    if world_size > 1 and torchrun_env() is None:
-        return _under_torchrun(world_size, argv)
     if world_size == 1:
         return _train(args, cfg, None)
-    from services.learner.distributed import exit_learner_world, init_learner_world
+    # torch only now (services.learner.distributed imports it): _train checks its inputs first
+    from services.learner.distributed import exit_learner_world, init_learner_world, torchrun_env
+
+    if torchrun_env() is None:
+        return _under_torchrun(world_size, argv)
 
     world = init_learner_world(world_size, cfg.learner.device, 0, timeout_s=1800.0)
     try:
@@ -116,7 +117,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     exit_learner_world(code)
 
 
-def _plan(args: argparse.Namespace, cfg, rank0: bool):
+def _val_files(args: argparse.Namespace, cfg) -> list[Path]:
+    """The evaluation files, each checked to exist before any training (not at the first evaluation)."""
+    val_files = [Path(f) for f in (args.val_data or cfg.data.val_files)]
+    for f in val_files:
+        if not f.is_file():
+            where = "--val-data" if args.val_data else "data.val_files"
+            raise DataError(f"validation file {f} ({where}) does not exist")
+    return val_files
+
+
+def _plan(args: argparse.Namespace, cfg, rank0: bool, val_files: list[Path]):
     from transformers import AutoTokenizer, GenerationConfig
 
     from rlfleet.app.eval_command import resolve_eval_model
@@ -141,11 +152,6 @@ def _plan(args: argparse.Namespace, cfg, rank0: bool):
         print(f"rlfleet: sft on {len(examples)} examples from {', '.join(Path(f).name for f in args.data)}"
               f"{f' ({too_long} longer than {max_length} tokens left out)' if too_long else ''}: "
               f"{max_steps} steps of {args.batch_size}", flush=True)
-    val_files = [Path(f) for f in (args.val_data or cfg.data.val_files)]
-    for f in val_files:  # before any training, not at the first evaluation
-        if not f.is_file():
-            where = "--val-data" if args.val_data else "data.val_files"
-            raise DataError(f"validation file {f} ({where}) does not exist")
     return SftPlan(output=Path(args.output), model_path=model_path, examples=examples,
                    batch_size=args.batch_size, max_steps=max_steps, eval_every=args.eval_every,
                    save_every=args.save_every, val_files=val_files, prompt_key=prompt_key,
@@ -153,13 +159,15 @@ def _plan(args: argparse.Namespace, cfg, rank0: bool):
 
 
 def _train(args: argparse.Namespace, cfg, world) -> int:
-    from rlfleet.app.sft_trainer import SftTrainer
-
     rank0 = world is None or world.rank == 0
     output = Path(args.output)
+    val_files = _val_files(args, cfg)
     if rank0:
         _output_ready(output, args.resume)
-    plan = _plan(args, cfg, rank0)
+    # the trainer (torch, transformers) only after the checks above: bad input is refused in a second
+    from rlfleet.app.sft_trainer import SftTrainer
+
+    plan = _plan(args, cfg, rank0, val_files)
     trainer = SftTrainer(cfg, plan, world)
     try:
         start = trainer.resume(args.resume)

@@ -71,17 +71,16 @@ def _gguf_fields(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
-def gguf_architecture(path: Path) -> str:
-    field = _gguf_fields(path).get("general.architecture")
+def gguf_metadata(path: Path) -> tuple[str, int | None]:
+    """The GGUF file's architecture and the end-of-sequence token it declares (a chat model's end of
+    turn), from one read of its metadata: each read walks the whole vocabulary (~2 s for 49k tokens)."""
+    fields = _gguf_fields(path)
+    field = fields.get("general.architecture")
     if field is None:
         raise ConfigError(f"{path}: a GGUF file without general.architecture")
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def gguf_eos_token_id(path: Path) -> int | None:
-    """The end-of-sequence token the GGUF declares (a chat model's end of turn)."""
-    field = _gguf_fields(path).get("tokenizer.ggml.eos_token_id")
-    return int(field.parts[field.data[0]][0]) if field is not None else None
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    return (bytes(field.parts[field.data[0]]).decode(),
+            int(eos.parts[eos.data[0]][0]) if eos is not None else None)
 
 
 def _supported_gguf_architectures() -> list[str]:
@@ -92,9 +91,6 @@ def _supported_gguf_architectures() -> list[str]:
 
 def _load_source(src: Path) -> tuple[str, Any, Any]:
     """(kind, model, tokenizer) of a GGUF file or an HF folder, on the CPU in float32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if src.is_dir():
         if not (src / "config.json").is_file():
             raise ConfigError(f"{src}: a folder without config.json (an HF model folder or a .gguf file "
@@ -103,14 +99,18 @@ def _load_source(src: Path) -> tuple[str, Any, Any]:
     elif src.is_file():
         if not is_gguf(src):
             raise ConfigError(f"{src}: neither a GGUF file (no GGUF magic bytes) nor an HF model folder")
-        arch = gguf_architecture(src)
+        arch, eos_id = gguf_metadata(src)
         supported = _supported_gguf_architectures()
         if arch not in supported:
             raise ConfigError(f"{src}: GGUF architecture {arch!r} cannot be read by this transformers "
                               f"(it reads {', '.join(supported)})")
-        kind, kwargs, eos_id, src = "gguf", {"gguf_file": src.name}, gguf_eos_token_id(src), src.parent
+        kind, kwargs, src = "gguf", {"gguf_file": src.name}, src.parent
     else:
         raise ConfigError(f"{src}: no such file or folder")
+    # torch and transformers only now: a bad source is refused in a fraction of the seconds they take
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kwargs)
@@ -184,9 +184,6 @@ def _max_logit_diff(a: Any, b: Any, tokenizer: Any) -> float:
 def import_model(src: str | Path, output: str | Path, dtype: str = "auto",
                  force: bool = False) -> ImportReport:
     """Writes the clean HF folder `output` from `src` (a .gguf file or an HF folder)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     src, output = Path(src).expanduser(), Path(output).expanduser()
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
@@ -194,6 +191,9 @@ def import_model(src: str | Path, output: str | Path, dtype: str = "auto",
     if occupied and not force:
         raise ConfigError(f"--output {output} exists and is not empty (pass --force to replace it)")
     kind, source, tokenizer = _load_source(src)
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = _clean_model(source, dtype)
     _fix_generation_config(model, tokenizer)
     output.parent.mkdir(parents=True, exist_ok=True)

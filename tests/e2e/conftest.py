@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,26 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    path: Path
+    stdout: str  # what `rlfleet model import` printed
+
+
+@pytest.fixture(scope="session")
+def smollm2_import(tmp_path_factory: pytest.TempPathFactory) -> ImportedModel:
+    """SmolLM2-135M-Instruct's GGUF imported once per session through the real command (bfloat16): the
+    import takes tens of seconds on two cores, and the tests that take the folder only read it."""
+    from tests.e2e.real_model import smollm2_gguf
+
+    out = tmp_path_factory.mktemp("models") / "smollm2-135m"
+    proc = rlfleet("model", "import", str(smollm2_gguf()), "--output", str(out), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return ImportedModel(out, proc.stdout)
+
+
+@pytest.fixture
+def smollm2(smollm2_import: ImportedModel) -> Path:
+    return smollm2_import.path

@@ -132,7 +132,11 @@ def test_weight_push_to_a_stalled_rollout_aborts_and_the_group_is_rebuilt(run_di
     pid = None
     try:
         pid = _freeze_rollout_before_a_push(run, proc)
-        time.sleep(8)  # longer than the push's timeout (5 s)
+        deadline = time.monotonic() + 60  # thawed once the push timed out (5 s) and the run recorded it
+        while not any(e["event"] == "weight_sync_failed" for e in _events(run)):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the push to the frozen rollout never failed"
+            time.sleep(0.05)
         os.kill(pid, signal.SIGCONT)
         _, err = proc.communicate(timeout=300)
     finally:

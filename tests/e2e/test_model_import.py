@@ -8,26 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, read_jsonl, rlfleet
-from tests.e2e.real_model import smollm2_gguf
+from tests.e2e.conftest import REPO, ImportedModel, read_jsonl, rlfleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ASSETS = REPO / "tests" / "assets" / "gsm8k"  # a few GSM8K rows (MIT, see LICENSE there)
+# `smollm2` (tests/e2e/conftest.py): the GGUF imported once per session through the real command.
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The GGUF imported once through the real command."""
-    out = tmp_path_factory.mktemp("models") / "smollm2-135m"
-    proc = rlfleet("model", "import", str(smollm2_gguf()), "--output", str(out), "--dtype", "bfloat16")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "LlamaForCausalLM" in proc.stdout and "30 layers" in proc.stdout and "context 8192" in proc.stdout
-    return out
-
-
-def test_import_writes_a_clean_hf_folder(smollm2: Path) -> None:
+def test_import_writes_a_clean_hf_folder(smollm2_import: ImportedModel) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    smollm2, printed = smollm2_import.path, smollm2_import.stdout
+    assert "LlamaForCausalLM" in printed and "30 layers" in printed and "context 8192" in printed, printed
     names = {p.name for p in smollm2.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
     config = json.loads((smollm2 / "config.json").read_text())

@@ -100,10 +100,16 @@ def test_weights_cross_a_link_that_fails_and_comes_back(run_dir, hosts):
             assert time.monotonic() < deadline, "no third step"
             time.sleep(0.1)
         _ip("-n", hosts["a"], "link", "set", hosts["va"], "down")  # the link between the two hosts
-        # Longer than every deadline that can be waiting across the link: a Generate (rpc_timeout_s=8)
-        # and a weight pull (weight_sync_timeout_s + 10 = 15 s). A shorter outage that hits a push of
-        # this small model is ridden out by TCP (the bytes wait in socket buffers): nothing to detect.
-        time.sleep(20)
+        # Down until the controller has noticed: the call waiting across the link (a Generate,
+        # rpc_timeout_s=8, or a weight push/pull, weight_sync_timeout_s=5 and +10 s) timed out and the
+        # journal says so. (At max_staleness=0 generation and weight sync do not overlap: one call
+        # waits.) A fixed outage shorter than the deadlines could go unseen (TCP rides out a push
+        # of this small model), and one longer than all of them (20 s) mostly waited.
+        journal, deadline = run / "journal" / "prompts.jsonl", time.monotonic() + 60
+        while not {e["event"] for e in read_jsonl(journal)} & {"requeued", "weight_sync_failed"}:
+            assert controller.poll() is None, controller.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the outage was not noticed within 60 s"
+            time.sleep(0.1)
         _ip("-n", hosts["a"], "link", "set", hosts["va"], "up")
         _, err = controller.communicate(timeout=300)
         assert controller.returncode == 0, err[-3000:]

