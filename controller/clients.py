@@ -39,6 +39,14 @@ def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> Rlfleet
     return RlfleetError(message)
 
 
+def _closed(role: str, address: str, rpc: str) -> ServiceUnavailable:
+    """grpc raises a bare ValueError for a call on a channel this process closed: the fleet closes a
+    member's channel when it leaves or rejoins after a restart, while a thread may still be asking the
+    old member. To that thread the replica is as unreachable as a dead one."""
+    return ServiceUnavailable(f"{role} service at {address}: {rpc} failed: the channel was closed "
+                              "(the replica left the fleet or rejoined)")
+
+
 def _rpc(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
@@ -46,6 +54,10 @@ def _rpc(fn: Callable) -> Callable:
             return fn(self, *args, **kwargs)
         except grpc.RpcError as err:
             raise _translate(self.role, self.address, fn.__name__, err) from None
+        except ValueError as err:
+            if "closed channel" not in str(err):
+                raise
+            raise _closed(self.role, self.address, fn.__name__) from None
     return wrapper
 
 
@@ -82,6 +94,10 @@ class RolloutClient(_Client):
                 yield convert.group_from_proto(msg)
         except grpc.RpcError as err:
             raise _translate(self.role, self.address, "Generate", err) from None
+        except ValueError as err:
+            if "closed channel" not in str(err):
+                raise
+            raise _closed(self.role, self.address, "Generate") from None
 
     @_rpc
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str,

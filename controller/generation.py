@@ -142,7 +142,9 @@ class GenerationSide:
                         if member.state != LEAVING:
                             self.fleet.remove(member, "failed")
                         return
-                    self.recovery.rollout_failed(rollout, dispatch, pending, exc)
+                    if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
+                                                        gone=member.gone.is_set):
+                        return  # it rejoined after a restart: its new member's thread takes over
         except (Stopped, Leaving):
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it

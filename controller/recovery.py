@@ -139,17 +139,24 @@ class Recovery:
         return len(left)
 
     def rollout_failed(self, rollout: RolloutClient, dispatch: Dispatch,
-                       pending: dict[str, tuple[int, Any]], exc: BaseException) -> None:
+                       pending: dict[str, tuple[int, Any]], exc: BaseException,
+                       gone: Callable[[], bool] = lambda: False) -> bool:
         """A replica the run started with failed: its groups are re-queued, then it is waited for
-        (`rlfleet run` restarts it) and taken back into the weight group."""
+        (`rlfleet run` restarts it) and taken back into the weight group. Returns False, at once, if
+        meanwhile it left the fleet (`gone`: restarted, it rejoined at its address as a new member,
+        whose own thread takes the work): the caller's thread then ends."""
         loop = self.loop
         self.requeue(rollout, dispatch, pending, "rollout_failed", exc)
         deadline, delay = self._deadline(), RETRY_FIRST_S
         while True:
+            if gone():
+                return False
             try:
                 if rollout.status().ready:
                     break
             except RlfleetError as err:
+                if gone():
+                    return False
                 self._expired(deadline, f"rollout replica {rollout.address}", err)
             delay = self._sleep(delay)
         # A restarted replica left the weight group and serves its initial weights.
@@ -159,8 +166,9 @@ class Recovery:
             loop._cond.notify_all()
             while self.generation == generation:
                 if loop.stop.is_set():
-                    return
+                    return True
                 loop._cond.wait(0.5)
+        return True
 
     def resync_pending(self) -> bool:
         return self._resync.is_set()
