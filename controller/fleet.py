@@ -254,7 +254,7 @@ class Fleet:
                 if member.misses >= self.max_misses:
                     dead.append(member)
         for member in dead:
-            self.remove(member, "unreachable")
+            self.remove(member, _unreachable_reason(member))
         return dead
 
     def prune(self) -> None:
@@ -264,7 +264,7 @@ class Fleet:
                 try:
                     member.client.status(timeout_s=2.0)
                 except RlfleetError:
-                    self.remove(member, "unreachable")
+                    self.remove(member, _unreachable_reason(member))
 
     def watch(self, stop: threading.Event) -> threading.Thread:
         def beat() -> None:
@@ -285,3 +285,9 @@ class Fleet:
                    "groups": m.groups, "since": m.since} for m in self.members()),
                 *({"name": "", "address": a, "state": f"left: {why}", "joined": True, "groups": 0,
                    "since": 0.0} for a, why in departed.items())]
+
+
+def _unreachable_reason(member: Member) -> str:
+    """Why a member that stopped answering has left: a member that was leaving (its drain may have cut
+    its channel) has left for that reason, so a drained replica reads `left: drained` and stops."""
+    return (member.leave_reason or "unreachable") if member.state == LEAVING else "unreachable"
