@@ -39,11 +39,19 @@ class EvalOutageReward(FakeReward):
     def score(self, items):
         if items and items[0].id.startswith("eval-") and self.failures > 0:
             self.down = True
+        self._refuse_while_down()
+        results = super().score(items)
+        # A call already in flight when the service went down fails too (its connection is cut):
+        # otherwise a training call that checked just before the first validation call could
+        # succeed after it and end the outage at once, which the journal then counts twice.
+        self._refuse_while_down()
+        return results
+
+    def _refuse_while_down(self) -> None:
         if self.down and self.failures > 0:
             self.failures -= 1
             raise ServiceUnavailable("reward service at fake-reward:2: Score failed with UNAVAILABLE: "
                                      "Connection refused")
-        return super().score(items)
 
 
 def _loop(tmp_path, failures: int, max_outage_s: float) -> GRPOLoop:
