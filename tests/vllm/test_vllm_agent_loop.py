@@ -33,7 +33,11 @@ def test_vllm_runs_multi_turn_episodes(vllm_engine):
         [group] = list(loop.generate([impossible], params))
         client.close()
     for c in group.completions:
-        assert len(c.turns) == 3 and c.finish_reason == "stop" and c.env_reward is not None
+        # The game ends every episode after its third try. The episode's finish reason is that of its
+        # last turn (a final answer cut at max_new_tokens is one cut at the budget), and whether the
+        # model stops within 6 tokens is up to sampling: the 30-digit question invites a long answer.
+        assert len(c.turns) == 3 and c.env_reward is not None
+        assert c.finish_reason == ("stop" if c.turns[-1].finish_reason == "stop" else "length"), c.turns[-1]
         layout = []
         for i, t in enumerate(c.turns):
             layout += [1] * t.generated_tokens + [0] * t.observed_tokens
