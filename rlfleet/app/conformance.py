@@ -1,11 +1,15 @@
-"""What `rlfleet reward check` and `rlfleet env check` share: a check's outcome, running a
-checker's list of checks in order, and the pass/fail table."""
+"""What `rlfleet reward check` and `rlfleet env check` share: a check's outcome, the checks every
+server answers alike (health, an expected error code, reflection), running a checker's list of
+checks in order, and the pass/fail table."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlfleet.rpc.channel import open_channel
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 
@@ -19,6 +23,66 @@ class Check:
 
 class Failed(Exception):
     """A check found the contract broken."""
+
+
+class ServerChecker:
+    """A conversation with one server of the contract named by SERVICE: a subclass adds its stub,
+    its requests and its CHECKS (name, method) in the order they run."""
+
+    SERVICE = ""
+    CHECKS: tuple[tuple[str, Callable[[object], str]], ...] = ()
+
+    def __init__(self, address: str, timeout_s: float, security=None):
+        self.address, self.timeout_s = address, timeout_s
+        self.channel = open_channel(address, security)
+
+    def expect_code(self, call: Callable[[], object], code: grpc.StatusCode) -> str:
+        try:
+            call()
+        except grpc.RpcError as err:
+            if err.code() == code:
+                return f"{code.name}: {err.details()}"[:90]
+            raise Failed(f"expected {code.name}, got {err.code().name}: {err.details()}") from None
+        raise Failed(f"expected {code.name}, got a normal reply")
+
+    def optional(self, name: str, call: Callable[[], object]) -> object:
+        """The reply of an optional RPC, or NA (this very object: compare with `is`) when the server
+        does not implement it."""
+        try:
+            return call()
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return NA
+            raise Failed(f"{name} failed with {err.code().name}: {err.details()}") from None
+
+    def check_health(self) -> str:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise Failed(f"grpc.health.v1 Check failed: {err.code().name}: {err.details()}") from None
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        if status != "SERVING":
+            raise Failed(f"health says {status}")
+        return "SERVING"
+
+    def check_reflection(self) -> str:
+        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+            ProtoReflectionDescriptorDatabase,
+        )
+        database = ProtoReflectionDescriptorDatabase(self.channel)
+        services = self.optional("reflection", database.get_services)
+        if services is NA:
+            return NA
+        if self.SERVICE not in services:
+            raise Failed(f"reflection lists {sorted(services)}, not {self.SERVICE}")
+        return f"lists {self.SERVICE}"
+
+    def run(self) -> list[Check]:
+        return run_checks(self, self.CHECKS)
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def run_checks(checker: object, checks: tuple[tuple[str, Callable[[object], str]], ...]) -> list[Check]:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action
@@ -22,8 +20,7 @@ from rlfleet.proto.v1 import environment_pb2 as pb
 from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc import env_convert
 from rlfleet.app import conformance
-from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, run_checks  # noqa: F401 (re-exported)
-from rlfleet.rpc.channel import open_channel
+from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, ServerChecker  # noqa: F401 (re-exported)
 
 ENV_SERVICE = "rlfleet.v1.Environment"
 DEFAULT_ROW = {"data_source": "digits_reverse", "prompt": "Reverse the digits: 4721", "ground_truth": "1274"}
@@ -31,14 +28,15 @@ DEFAULT_ACTIONS = ['Let me check. <tool name="calculator">6*7</tool>', "1274"]
 MAX_TURNS = 8
 
 
-class EnvContractChecker:
+class EnvContractChecker(ServerChecker):
+    SERVICE = ENV_SERVICE
+
     def __init__(self, address: str, timeout_s: float = 10.0, row: dict | None = None,
                  actions: list[str] | None = None, security=None):
         """`security`: TLS and bearer token to reach a secured server (rlfleet.rpc.security.Security)."""
-        self.address, self.timeout_s = address, timeout_s
+        super().__init__(address, timeout_s, security)
         self.row = row or DEFAULT_ROW
         self.actions = actions or DEFAULT_ACTIONS
-        self.channel = open_channel(address, security)
         self.stub = environment_pb2_grpc.EnvironmentStub(self.channel)
         self._ids = 0
 
@@ -81,15 +79,6 @@ class EnvContractChecker:
                 raise Failed(f"episode {episode_id} failed: {result.error}")
         return f"{len(results)} result{'s' * (len(results) != 1)} in order"
 
-    def expect_code(self, call: Callable[[], object], code: grpc.StatusCode) -> str:
-        try:
-            call()
-        except grpc.RpcError as err:
-            if err.code() == code:
-                return f"{code.name}: {err.details()}"[:90]
-            raise Failed(f"expected {code.name}, got {err.code().name}: {err.details()}") from None
-        raise Failed(f"expected {code.name}, got a normal reply")
-
     def play(self, count: int) -> tuple[list[str], list[pb.StepResult], int]:
         """Starts `count` episodes and plays them to done (ending those still running after MAX_TURNS).
         Returns their ids, their last results and the turns taken."""
@@ -112,17 +101,6 @@ class EnvContractChecker:
         return ids, [last[i] for i in ids], turn
 
     # ---- the checks, in order ---------------------------------------------------------------------
-    def check_health(self) -> str:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            raise Failed(f"grpc.health.v1 Check failed: {err.code().name}: {err.details()}") from None
-        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-        if status != "SERVING":
-            raise Failed(f"health says {status}")
-        return "SERVING"
-
     def check_empty(self) -> str:
         for name, call in (("Start", lambda: self.start([])), ("Step", lambda: self.step([])),
                            ("End", lambda: self.end([]))):
@@ -214,12 +192,10 @@ class EnvContractChecker:
         return f"3 episodes played ({turns} turns); {self.check_health()}"
 
     def check_describe(self) -> str:
-        try:
-            reply = self.stub.Describe(pb.DescribeRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return NA
-            raise Failed(f"Describe failed with {err.code().name}: {err.details()}") from None
+        reply = self.optional("Describe",
+                              lambda: self.stub.Describe(pb.DescribeRequest(), timeout=self.timeout_s))
+        if reply is NA:
+            return NA
         for tool in reply.tools:
             if tool.parameters_json:
                 try:
@@ -228,36 +204,17 @@ class EnvContractChecker:
                     raise Failed(f"tool {tool.name!r}: parameters_json is not JSON") from None
         return f"name={reply.name or '-'} tools={[t.name for t in reply.tools]}"
 
-    def check_reflection(self) -> str:
-        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-            ProtoReflectionDescriptorDatabase,
-        )
-        try:
-            services = ProtoReflectionDescriptorDatabase(self.channel).get_services()
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return NA
-            raise Failed(f"reflection failed with {err.code().name}") from None
-        if ENV_SERVICE not in services:
-            raise Failed(f"reflection lists {sorted(services)}, not {ENV_SERVICE}")
-        return f"lists {ENV_SERVICE}"
-
     CHECKS = (
-        ("health", check_health), ("empty requests", check_empty), ("one episode", check_episode),
+        ("health", ServerChecker.check_health), ("empty requests", check_empty),
+        ("one episode", check_episode),
         ("batch keeps order", check_batch), ("concurrent calls", check_concurrent),
         ("unknown episode", check_unknown_episode), ("step after done", check_after_done),
         ("End", check_end), ("deadline", check_deadline),
         ("malformed: duplicate ids", check_duplicate_ids), ("malformed: empty id", check_empty_id),
         ("malformed: extra_info_json", check_bad_extra_info),
         ("malformed: arguments_json", check_bad_arguments), ("serves after errors", check_recovers),
-        ("Describe (optional)", check_describe), ("reflection (optional)", check_reflection),
+        ("Describe (optional)", check_describe), ("reflection (optional)", ServerChecker.check_reflection),
     )
-
-    def run(self) -> list[Check]:
-        return run_checks(self, self.CHECKS)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def format_table(address: str, checks: list[Check]) -> str:

@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.proto.v1 import common_pb2, reward_pb2, reward_pb2_grpc
 from rlfleet.app import conformance
-from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, run_checks  # noqa: F401 (re-exported)
-from rlfleet.rpc.channel import open_channel
+from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, ServerChecker  # noqa: F401 (re-exported)
 
 REWARD_SERVICE = "rlfleet.v1.Reward"
 DEFAULT_ITEMS = [
@@ -33,11 +30,12 @@ DEFAULT_ITEMS = [
 ]
 
 
-class ContractChecker:
+class ContractChecker(ServerChecker):
+    SERVICE = REWARD_SERVICE
+
     def __init__(self, address: str, timeout_s: float = 10.0, samples: list[dict] | None = None):
-        self.address, self.timeout_s = address, timeout_s
+        super().__init__(address, timeout_s)
         self.samples = samples or DEFAULT_ITEMS
-        self.channel = open_channel(address)
         self.stub = reward_pb2_grpc.RewardStub(self.channel)
         self._ids = 0
 
@@ -69,27 +67,8 @@ class ContractChecker:
         unscorable = f", {failed} unscorable (ok=false)" if failed else ""
         return f"{len(results)} result{'s' * (len(results) != 1)} in order" + unscorable
 
-    def expect_code(self, call: Callable[[], object], code: grpc.StatusCode) -> str:
-        try:
-            call()
-        except grpc.RpcError as err:
-            if err.code() == code:
-                return f"{code.name}: {err.details()}"[:90]
-            raise Failed(f"expected {code.name}, got {err.code().name}: {err.details()}") from None
-        raise Failed(f"expected {code.name}, got a normal reply")
 
     # ---- the checks, in order ------------------------------------------------------------------
-    def check_health(self) -> str:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            raise Failed(f"grpc.health.v1 Check failed: {err.code().name}: {err.details()}") from None
-        status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-        if status != "SERVING":
-            raise Failed(f"health says {status}")
-        return "SERVING"
-
     def check_empty(self) -> str:
         reply = self.score([])
         if reply.results:
@@ -161,43 +140,21 @@ class ContractChecker:
         return f"{detail}; {self.check_health()}"
 
     def check_status(self) -> str:
-        try:
-            status = self.stub.GetStatus(common_pb2.GetStatusRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return NA
-            raise Failed(f"GetStatus failed with {err.code().name}: {err.details()}") from None
+        status = self.optional("GetStatus", lambda: self.stub.GetStatus(common_pb2.GetStatusRequest(),
+                                                                         timeout=self.timeout_s))
+        if status is NA:
+            return NA
         return f"role={status.role or '-'} ready={status.ready}"
 
-    def check_reflection(self) -> str:
-        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-            ProtoReflectionDescriptorDatabase,
-        )
-        try:
-            services = ProtoReflectionDescriptorDatabase(self.channel).get_services()
-        except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return NA
-            raise Failed(f"reflection failed with {err.code().name}") from None
-        if REWARD_SERVICE not in services:
-            raise Failed(f"reflection lists {sorted(services)}, not {REWARD_SERVICE}")
-        return f"lists {REWARD_SERVICE}"
-
     CHECKS = (
-        ("health", check_health), ("empty batch", check_empty), ("single item", check_single),
+        ("health", ServerChecker.check_health), ("empty batch", check_empty), ("single item", check_single),
         ("batch keeps order", check_batch_order), ("batch = one by one", check_batch_equals_singles),
         ("batch of 256", check_large_batch), ("concurrent calls", check_concurrent),
         ("deadline", check_deadline), ("malformed: duplicate ids", check_duplicate_ids),
         ("malformed: empty id", check_empty_id), ("malformed: extra_info_json", check_bad_extra_info),
         ("serves after errors", check_recovers), ("GetStatus (optional)", check_status),
-        ("reflection (optional)", check_reflection),
+        ("reflection (optional)", ServerChecker.check_reflection),
     )
-
-    def run(self) -> list[Check]:
-        return run_checks(self, self.CHECKS)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def format_table(address: str, checks: list[Check]) -> str:
