@@ -9,7 +9,8 @@ import torch or transformers' models: ~250 MB and a second or more of start-up e
 controller must not import torch for its TensorBoard scalars either (`torch.utils.tensorboard`: ~190
 MB and 2.4 s, on by default), nor pandas (~45 MB: pyarrow imports it when it converts Python objects
 or reads through pyarrow.dataset). The rollout and learner on the CPU import torch and transformers
-but not Triton (~70 MB each, a GPU kernel compiler that torch._dynamo loads whenever it is installed).
+but not Triton (~70 MB each, a GPU kernel compiler that torch._dynamo loads whenever it is installed),
+and without security.token not the cryptography package (~6 MB each).
 A module that is marked absent (`sys.modules[name] = None`) is not counted as imported.
 """
 from __future__ import annotations
@@ -108,5 +109,7 @@ def test_the_launcher_and_controller_start_up_imports_no_torch(tmp_path: Path) -
 def test_the_roles_that_do_tensor_work_import_torch_but_on_cpu_no_triton(tmp_path: Path, role: str) -> None:
     modules = modules_of(SERVICE, str(tmp_path / "run"), role, f"{role}.device=cpu", tmp_path=tmp_path)
     assert "torch" in modules and "transformers.modeling_utils" in modules
+    # AES-GCM seals the weight group's rendezvous only under security.token (off by default): ~6 MB
+    assert "cryptography" not in modules
     if importlib.util.find_spec("triton") is not None:  # installed (torch's CUDA build, vLLM): kept out
         assert "triton" not in modules, sorted(m for m in modules if m.split(".")[0] == "triton")[:5]
