@@ -26,6 +26,33 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+@functools.cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+_M_ARENA_MAX = -8  # glibc's malloc.h
+
+
+def one_heap_for_all_threads() -> bool:
+    """Make every thread allocate from the main heap (glibc `mallopt(M_ARENA_MAX, 1)`); call it before
+    the process starts its threads. False where the C library has no mallopt.
+
+    Why: glibc gives each thread that allocates concurrently a heap of its own, and a heap keeps the
+    freed blocks of its largest step. A CPU role's steps run on whichever gRPC worker thread takes the
+    call, so after a few steps several heaps each hold a step's worth of freed activations or decode
+    buffers: the learner and rollout of the small CPU job drifted up by tens of MB over their first
+    steps, and their peaks varied by ~70 MB from run to run. With one heap the next step reuses the
+    last one's blocks. Threads mostly allocate small blocks from glibc's per-thread caches, which
+    take no lock, and a CPU role computes on one thread, so the shared heap costs no measurable
+    time (bench/RESULTS.md, "Memory of the small CPU job")."""
+    mallopt = _mallopt()
+    return mallopt is not None and mallopt(_M_ARENA_MAX, 1) == 1
+
+
 def release_freed_memory() -> bool:
     """Return free heap pages to the OS; False where the C library has no malloc_trim."""
     trim = _malloc_trim()
