@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from collections.abc import Callable
 
 _after_each_step = False
@@ -39,7 +40,8 @@ _M_ARENA_MAX = -8  # glibc's malloc.h
 
 def one_heap_for_all_threads() -> bool:
     """Make every thread allocate from the main heap (glibc `mallopt(M_ARENA_MAX, 1)`); call it before
-    the process starts its threads. False where the C library has no mallopt.
+    the process starts its threads. False where the C library has no mallopt, or where MALLOC_ARENA_MAX
+    is set in the environment.
 
     Why: glibc gives each thread that allocates concurrently a heap of its own, and a heap keeps the
     freed blocks of its largest step. A CPU role's steps run on whichever gRPC worker thread takes the
@@ -49,6 +51,8 @@ def one_heap_for_all_threads() -> bool:
     last one's blocks. Threads mostly allocate small blocks from glibc's per-thread caches, which
     take no lock, and a CPU role computes on one thread, so the shared heap costs no measurable
     time (bench/RESULTS.md, "Memory of the small CPU job")."""
+    if "MALLOC_ARENA_MAX" in os.environ:  # glibc read the operator's own setting at start: it stands
+        return False
     mallopt = _mallopt()
     return mallopt is not None and mallopt(_M_ARENA_MAX, 1) == 1
 

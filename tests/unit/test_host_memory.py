@@ -101,3 +101,10 @@ def heaps(mode: str) -> int:
 def test_after_one_heap_for_all_threads_new_threads_allocate_from_the_main_heap() -> None:
     assert heaps("default") > 1  # the setting is what makes the difference here
     assert heaps("one") == 1
+
+
+def test_an_arena_limit_set_in_the_environment_is_left_as_it_is(monkeypatch) -> None:
+    from rlfleet import host_memory
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert host_memory.one_heap_for_all_threads() is False
