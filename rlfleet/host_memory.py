@@ -8,6 +8,9 @@ adds to the other's peak. ``malloc_trim(0)`` hands the free pages of every heap 
 and the next step faults them in again. On the small CPU job (bench/RESULTS.md, "Memory of the
 small CPU job") that was ~90 MB less summed RSS for 1-6 % more CPU per sample and a median 6 %
 fewer samples/s in sync mode, hence off by default. Elsewhere than glibc this does nothing.
+
+`one_heap_for_all_threads` (on for every CPU role, at no measured cost) keeps those freed blocks in
+one heap instead of one per thread, so a step reuses the previous step's blocks whichever thread runs it.
 """
 from __future__ import annotations
 
