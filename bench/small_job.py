@@ -144,8 +144,8 @@ def rlfleet_overrides(args, job: dict, name: str, staleness: int | None) -> list
            f"rollout.temperature={job['temperature']}", f"rollout.n={args.n}",
            f"rollout.max_new_tokens={job['max_new_tokens']}",
            f"learner.lr={job['lr']}", f"controller.prompts_per_step={args.prompts_per_step}",
-           f"controller.max_steps={args.warmup_steps + args.steps}",
-           "tracking.tensorboard=false"]
+           f"controller.max_steps={args.warmup_steps + args.steps}"]
+    # TensorBoard stays at its default (on): the job measured is `rlfleet run` as a user starts it
     if job["data"]:
         out.append(f"data.train_files=[{job['data']}]")
     if staleness is not None:

@@ -25,6 +25,13 @@ def resolve_device(spec: str, prefer_index: int = 0) -> torch.device:
     return device
 
 
+def runs_on_cpu(spec: str) -> bool:
+    """Whether a role whose device setting is `spec` computes on the CPU, as resolve_device places it."""
+    if spec == "auto":
+        return not torch.cuda.is_available()
+    return spec.split(":")[0] == "cpu"
+
+
 def keep_triton_out(device: torch.device) -> bool:
     """Make Triton unimportable in a process whose tensors all live on `device`, if that is the CPU;
     call it before transformers' models are imported. Returns whether it did.

@@ -131,6 +131,12 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
         import torch
 
         torch.set_num_threads(cfg.run.threads_per_service)
+    if uses_torch and isinstance(getattr(endpoint, "device", None), str):
+        from rlfleet import host_memory
+        from rlfleet.devices import runs_on_cpu
+
+        if runs_on_cpu(endpoint.device):  # before the server's threads exist (rlfleet/host_memory.py)
+            host_memory.one_heap_for_all_threads()
     if cfg.run.release_freed_memory and uses_torch:
         from rlfleet.host_memory import release_after_each_step
 

@@ -32,8 +32,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rlfleet.errors import WeightSyncError
 
@@ -60,6 +58,10 @@ class SealedStore(dist.Store):
     """A `dist.Store` over `inner` with secret key names and encrypted, authenticated values."""
 
     def __init__(self, inner: dist.Store, secret: bytes) -> None:
+        # Imported here, not with the module: only a job with security.token seals its rendezvous, and
+        # the package (its Rust extension and OpenSSL) is ~6 MB resident in every rollout and learner.
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         super().__init__()
         self._inner = inner
         self._names = _derive(secret, "names")
@@ -74,6 +76,8 @@ class SealedStore(dist.Store):
         return nonce + self._aead.encrypt(nonce, value, self.sealed_name(key).encode())
 
     def unseal(self, key: str, sealed: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag  # loaded already by __init__'s AESGCM
+
         try:
             if len(sealed) < _NONCE + 16:
                 raise InvalidTag

@@ -2,12 +2,15 @@
 
 Each role's real entry runs in a fresh interpreter (`rlfleet serve ROLE` through rlfleet.app.cli,
 and the launcher+controller's start-up path: the model check, the prompt tokenizer, the prompts,
-the advantage estimator); when the service says SERVING a thread inside it reports sys.modules.
+the advantage estimator, the run's writer); when the service says SERVING a thread inside it
+reports sys.modules.
 The roles that do no tensor work (controller, reward service with rule-based rewards) must not
 import torch or transformers' models: ~250 MB and a second or more of start-up each. The launcher+
-controller must not import pandas either (~45 MB: pyarrow imports it when it converts Python objects
+controller must not import torch for its TensorBoard scalars either (`torch.utils.tensorboard`: ~190
+MB and 2.4 s, on by default), nor pandas (~45 MB: pyarrow imports it when it converts Python objects
 or reads through pyarrow.dataset). The rollout and learner on the CPU import torch and transformers
-but not Triton (~70 MB each, a GPU kernel compiler that torch._dynamo loads whenever it is installed).
+but not Triton (~70 MB each, a GPU kernel compiler that torch._dynamo loads whenever it is installed),
+and without security.token not the cryptography package (~6 MB each).
 A module that is marked absent (`sys.modules[name] = None`) is not counted as imported.
 """
 from __future__ import annotations
@@ -55,7 +58,9 @@ CONTROLLER = textwrap.dedent("""
     from rlfleet.models.resolve import resolve_model_path
     import rlfleet.app.launch
     from controller.main import prompt_length_limit, train_files
+    from controller.outputs import RunWriter
     from controller.sample_builder import SampleBuilder
+    from controller.tracking import make_sinks
     from rlfleet.advantages import ADVANTAGE_ESTIMATORS
     from rlfleet.data.prompts import load_prompts
     from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
@@ -66,6 +71,10 @@ CONTROLLER = textwrap.dedent("""
     prompts, _ = load_prompts(train_files(cfg), load_prompt_tokenizer(model_dir), "prompt", limit)
     assert prompts
     assert ADVANTAGE_ESTIMATORS.get(cfg.algorithm.advantage).group_advantages([1.0, 0.0])[0] > 0
+    assert cfg.tracking.tensorboard  # the default: TensorBoard scalars are written
+    writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
+    writer.log_metrics({"step": 1, "reward/mean": 0.5})
+    writer.close()
     json.dump(sorted(name for name, module in list(sys.modules.items()) if module is not None),
               open(out, "w"))
 """)
@@ -100,5 +109,7 @@ def test_the_launcher_and_controller_start_up_imports_no_torch(tmp_path: Path) -
 def test_the_roles_that_do_tensor_work_import_torch_but_on_cpu_no_triton(tmp_path: Path, role: str) -> None:
     modules = modules_of(SERVICE, str(tmp_path / "run"), role, f"{role}.device=cpu", tmp_path=tmp_path)
     assert "torch" in modules and "transformers.modeling_utils" in modules
+    # AES-GCM seals the weight group's rendezvous only under security.token (off by default): ~6 MB
+    assert "cryptography" not in modules
     if importlib.util.find_spec("triton") is not None:  # installed (torch's CUDA build, vLLM): kept out
         assert "triton" not in modules, sorted(m for m in modules if m.split(".")[0] == "triton")[:5]

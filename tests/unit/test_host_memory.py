@@ -1,4 +1,5 @@
-"""release_freed_memory gives freed heap pages back: the resident size falls (glibc Linux only)."""
+"""rlfleet/host_memory.py on glibc Linux: release_freed_memory gives freed heap pages back (the resident
+size falls); one_heap_for_all_threads makes new threads allocate from the main heap."""
 from __future__ import annotations
 
 import subprocess
@@ -60,3 +61,50 @@ def test_a_role_releases_after_its_steps_only_when_the_service_asked() -> None:
         assert host_memory.step_done() is sys.platform.startswith("linux")
     finally:
         host_memory.release_after_each_step(False)
+
+
+HEAPS = textwrap.dedent("""
+    import ctypes, sys, tempfile, threading
+    from rlfleet import host_memory
+    if sys.argv[1] == "one":
+        assert host_memory.one_heap_for_all_threads()
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.fopen.restype = ctypes.c_void_p
+    start = threading.Barrier(4)
+
+    def allocate():
+        start.wait()  # all four at once: glibc would give each a heap of its own
+        libc.free(ctypes.c_void_p(libc.malloc(1 << 16)))
+
+    threads = [threading.Thread(target=allocate) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        f = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, ctypes.c_void_p(f))
+        libc.fclose(ctypes.c_void_p(f))
+        print(open(out.name).read().count("<heap nr="))
+""")
+
+
+def heaps(mode: str) -> int:
+    proc = subprocess.run([sys.executable, "-c", HEAPS, mode], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(proc.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_after_one_heap_for_all_threads_new_threads_allocate_from_the_main_heap() -> None:
+    assert heaps("default") > 1  # the setting is what makes the difference here
+    assert heaps("one") == 1
+
+
+def test_an_arena_limit_set_in_the_environment_is_left_as_it_is(monkeypatch) -> None:
+    from rlfleet import host_memory
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert host_memory.one_heap_for_all_threads() is False

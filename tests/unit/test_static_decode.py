@@ -154,6 +154,14 @@ def test_unsupported_architectures_are_named():
 def test_buckets_round_up():
     assert [batch_bucket(n) for n in (1, 3, 64, 65, 256)] == [1, 4, 64, 128, 256]
     assert [length_bucket(n) for n in (1, 64, 65, 384)] == [64, 64, 128, 384]
+    assert [length_bucket(n, 16) for n in (1, 17, 26, 32)] == [16, 32, 32, 32]
+
+
+def test_on_the_cpu_the_cache_holds_the_prompt_and_new_tokens_rounded_to_16_columns():
+    # 17 prompt + 8 new tokens: a 32-column cache, not 64 (on a GPU 64, so captured graphs are shared)
+    gen = StaticGenerator(_model("qwen2"), PAD, [EOS], cuda_graphs=False)
+    gen.generate([[5] * 17, [6] * 3], SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert [slot.cache.length for slot in gen.slots._slots.values()] == [32]
 
 
 def test_engine_gives_the_same_completions_by_either_decode_path(tiny_model_dir, tiny_tokenizer):

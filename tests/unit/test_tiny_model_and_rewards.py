@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -103,13 +107,13 @@ def test_model_loads_with_auto_classes(model_dir, tokenizer):
 
 def test_ensure_tiny_model_caches_and_locks(tmp_path, monkeypatch):
     calls = []
-    real_build = tiny.build_tiny_model
+    real_build = tiny.build_in_child
 
-    def fake_build(out_dir, seed=0):
+    def short_build(out_dir, seed=0):  # the real build, without the warm start's SFT steps
         calls.append(out_dir)
         return real_build(out_dir, seed=seed, sft_steps=0)
 
-    monkeypatch.setattr(tiny, "build_tiny_model", fake_build)
+    monkeypatch.setattr(tiny, "build_in_child", short_build)
     results = []
     threads = [
         threading.Thread(target=lambda: results.append(tiny.ensure_tiny_model(tmp_path))) for _ in range(2)
@@ -130,6 +134,30 @@ def test_ensure_tiny_model_caches_and_locks(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RLFLEET_CACHE", str(tmp_path))
     assert tiny.ensure_tiny_model() == path and len(calls) == 1
+
+
+def test_the_first_build_leaves_no_torch_in_the_process_that_asked(tmp_path):
+    # The launcher of a first `rlfleet run` builds the model and then runs the whole job: torch,
+    # transformers and the warm start's buffers would stay in it (~650 MB instead of ~150 MB).
+    script = textwrap.dedent("""
+        import functools, sys
+        from pathlib import Path
+        from rlfleet.models import tiny
+        tiny.build_in_child = functools.partial(tiny.build_in_child, sft_steps=0)
+        path = tiny.ensure_tiny_model(Path(sys.argv[1]))
+        assert (path / "model.safetensors").is_file(), path
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(tiny.__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_failed_build_is_an_error_naming_it(tmp_path):
+    (tmp_path / "out").write_text("a file where the build's folder should go")
+    with pytest.raises(RuntimeError, match="building the tiny model"):
+        tiny.build_in_child(tmp_path / "out", sft_steps=0)
 
 
 # --------------------------------------------------------------------------- task rows

@@ -14,14 +14,18 @@ from services.rollout.engines.decoder import KVCache, StaticDecoder
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LENGTH_ALIGN = 64  # cache length rounded up to this, so prompt widths that differ a little share a slot
+#: the same on the CPU, where no graph is captured: a cache is kept for reuse all the same, but every
+#: decode step's attention reads all its columns and it is host memory: the small job's 16-18-token
+#: prompts + 8 new tokens fill 32 columns, not 64 (256 rows: 17 MB of keys and values, not 34)
+CPU_LENGTH_ALIGN = 16
 
 
 def batch_bucket(rows: int) -> int:
     return next((b for b in BATCH_BUCKETS if b >= rows), rows)
 
 
-def length_bucket(tokens: int) -> int:
-    return -(-tokens // LENGTH_ALIGN) * LENGTH_ALIGN
+def length_bucket(tokens: int, align: int = LENGTH_ALIGN) -> int:
+    return -(-tokens // align) * align
 
 
 class DecodeSlot:
@@ -105,13 +109,14 @@ class DecodeSlot:
 class SlotCache:
     """The most recently used DecodeSlots, created (and captured) on first use."""
 
-    def __init__(self, decoder: StaticDecoder, capture: bool, keep: int = 2):
-        self.decoder, self.capture, self.keep = decoder, capture, keep
+    def __init__(self, decoder: StaticDecoder, capture: bool, keep: int = 2,
+                 length_align: int = LENGTH_ALIGN):
+        self.decoder, self.capture, self.keep, self.length_align = decoder, capture, keep, length_align
         self._slots: OrderedDict[tuple[int, int], DecodeSlot] = OrderedDict()
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def get(self, rows: int, tokens: int) -> DecodeSlot:
-        key = (batch_bucket(rows), length_bucket(tokens))
+        key = (batch_bucket(rows), length_bucket(tokens, self.length_align))
         slot = self._slots.pop(key, None)
         if slot is None:
             while len(self._slots) >= self.keep:

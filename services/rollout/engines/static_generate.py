@@ -10,7 +10,13 @@ import torch
 
 from rlfleet.types import SamplingParams
 from services.rollout.engines.decoder import KVCache, StaticDecoder
-from services.rollout.engines.graphs import DecodeSlot, SlotCache, batch_bucket
+from services.rollout.engines.graphs import (
+    CPU_LENGTH_ALIGN,
+    LENGTH_ALIGN,
+    DecodeSlot,
+    SlotCache,
+    batch_bucket,
+)
 from services.rollout.engines.sampling import TokenSampler
 
 FINISH_CHECK_EVERY = 8  # steps between the host's looks at "how many rows still generate?" (each one syncs)
@@ -47,7 +53,8 @@ class StaticGenerator:
         on_gpu = self.device.type == "cuda"
         self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu)
         self.pad_id, self.eos_ids, self.compact = pad_id, eos_ids, compact
-        self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu)
+        self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu,
+                               length_align=LENGTH_ALIGN if on_gpu else CPU_LENGTH_ALIGN)
 
     @torch.no_grad()
     def generate(self, rows: list[list[int]], params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
