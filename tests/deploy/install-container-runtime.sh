@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The container runtime that the `containers` tests (tests/deploy/test_compose_run.py,
 # test_systemd_run.py) use: Debian's podman with runc, netavark and aardvark-dns (container names
-# resolve on a compose network), and debootstrap (deploy/build-local-base.sh). Idempotent: installs
+# resolve on a compose network), iptables (netavark's firewall driver: without it every container
+# start fails with "netavark: No such file or directory"; podman only recommends it, and recommends
+# are not installed), and debootstrap (deploy/build-local-base.sh). Idempotent: installs
 # only what is missing. Run as root on Debian/Ubuntu; .ci/run calls it before those tests, and the
 # tests call it themselves when podman is missing.
 #
@@ -11,7 +13,7 @@
 # default ulimits (podman's default open-files limit is above the host's hard limit).
 set -euo pipefail
 
-declare -A PROVIDES=([podman]=podman [runc]=runc [debootstrap]=debootstrap
+declare -A PROVIDES=([podman]=podman [runc]=runc [debootstrap]=debootstrap [iptables]=iptables
                      [/usr/lib/podman/netavark]=netavark [/usr/lib/podman/aardvark-dns]=aardvark-dns)
 missing=()
 for tool in "${!PROVIDES[@]}"; do
@@ -20,7 +22,7 @@ for tool in "${!PROVIDES[@]}"; do
 done
 conf=/etc/containers/containers.conf.d/50-rlfleet.conf
 if ((${#missing[@]} == 0)) && [[ -f $conf ]]; then
-    echo "tests/deploy: podman, runc, netavark, aardvark-dns and debootstrap are installed"
+    echo "tests/deploy: podman, runc, netavark, aardvark-dns, iptables and debootstrap are installed"
     exit 0
 fi
 if [[ $(id -u) != 0 ]] || ! command -v apt-get > /dev/null; then
