@@ -1,14 +1,16 @@
 """Everything a run writes: metrics.jsonl, TensorBoard scalars and sample records.
 
-`sinks` (controller/tracking.py: Weights & Biases) get every metrics line too.
+`sinks` (controller/tracking.py: Weights & Biases) get every metrics line too. TensorBoard's event
+protos are made in controller/tensorboard_convert.py, so this module stays free of protobuf code.
 """
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
+
+from controller.tensorboard_convert import ScalarEvents
 
 
 class RunWriter:
@@ -19,7 +21,7 @@ class RunWriter:
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self._metrics = open(run_dir / "metrics.jsonl", "a", buffering=1)
         self._samples = open(run_dir / "samples" / "train.jsonl", "a", buffering=1)
-        self._tb = _ScalarEvents(run_dir / "tensorboard") if tensorboard else None
+        self._tb = ScalarEvents(run_dir / "tensorboard") if tensorboard else None
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
@@ -45,26 +47,3 @@ class RunWriter:
         for sink in self._sinks:
             sink.close()
 
-
-class _ScalarEvents:
-    """TensorBoard scalars through tensorboard's own event-file writer: the same files (one per
-    writer, Event protos of Summary simple_values) as torch.utils.tensorboard.SummaryWriter, which
-    wraps this very writer, without importing torch into the controller (~190 MB resident and ~2 s
-    of start-up on the default run, where TensorBoard is on and nothing else needs torch)."""
-
-    def __init__(self, log_dir: Path):
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        self._writer = EventFileWriter(str(log_dir))
-
-    def add_scalar(self, tag: str, value: float, step: int) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
-        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
-
-    def flush(self) -> None:
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
