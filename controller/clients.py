@@ -5,6 +5,7 @@ address and the RPC, so the controller can report them in one line.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator
 
@@ -39,25 +40,29 @@ def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> Rlfleet
     return RlfleetError(message)
 
 
-def _closed(role: str, address: str, rpc: str) -> ServiceUnavailable:
-    """grpc raises a bare ValueError for a call on a channel this process closed: the fleet closes a
+@contextlib.contextmanager
+def _rpc_errors(role: str, address: str, rpc: str) -> Iterator[None]:
+    """gRPC failures inside become rlfleet errors naming the service, its address and the RPC.
+
+    grpc raises a bare ValueError for a call on a channel this process closed: the fleet closes a
     member's channel when it leaves or rejoins after a restart, while a thread may still be asking the
     old member. To that thread the replica is as unreachable as a dead one."""
-    return ServiceUnavailable(f"{role} service at {address}: {rpc} failed: the channel was closed "
-                              "(the replica left the fleet or rejoined)")
+    try:
+        yield
+    except grpc.RpcError as err:
+        raise _translate(role, address, rpc, err) from None
+    except ValueError as err:
+        if "closed channel" not in str(err):
+            raise
+        raise ServiceUnavailable(f"{role} service at {address}: {rpc} failed: the channel was closed "
+                                 "(the replica left the fleet or rejoined)") from None
 
 
 def _rpc(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        try:
+        with _rpc_errors(self.role, self.address, fn.__name__):
             return fn(self, *args, **kwargs)
-        except grpc.RpcError as err:
-            raise _translate(self.role, self.address, fn.__name__, err) from None
-        except ValueError as err:
-            if "closed channel" not in str(err):
-                raise
-            raise _closed(self.role, self.address, fn.__name__) from None
     return wrapper
 
 
@@ -88,16 +93,10 @@ class RolloutClient(_Client):
         self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
 
     def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
-        try:
+        with _rpc_errors(self.role, self.address, "Generate"):
             for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
                                            timeout=self.timeout_s):
                 yield convert.group_from_proto(msg)
-        except grpc.RpcError as err:
-            raise _translate(self.role, self.address, "Generate", err) from None
-        except ValueError as err:
-            if "closed channel" not in str(err):
-                raise
-            raise _closed(self.role, self.address, "Generate") from None
 
     @_rpc
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str,
