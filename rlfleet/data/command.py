@@ -1,4 +1,4 @@
-"""`rlfleet data gsm8k|jsonl|digits-reverse|arithmetic`: write Parquet files in the verl schema."""
+"""`rlfleet data gsm8k|jsonl|digits-reverse|arithmetic|reasoning-gym`: Parquet files in the verl schema."""
 
 from __future__ import annotations
 
@@ -75,6 +75,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--instruction", default=None,
         help="text appended to each question (default: the GSM8K converter's '####' line; '' for none)",
     )
+    rg = kinds.add_parser(
+        "reasoning-gym",
+        help="reasoning-gym tasks from their generators, scored by their own verifiers (needs rlfleet[envs])",
+    )
+    rg.add_argument("tasks", metavar="TASK[,TASK...]",
+                    help="reasoning-gym task names, e.g. chain_sum,leg_counting")
+    rg.add_argument("--rows", type=int, default=1000,
+                    help="rows to write, shared out among the tasks (default 1000)")
+    rg.add_argument("--output", "-o", required=True, help="Parquet file to write")
+    rg.add_argument("--seed", type=int, default=0)
+    rg.add_argument("--split", default="train",
+                    help="train or test: the two never share a question (default train)")
+    rg.add_argument("--instruction", default=None,
+                    help="text appended to each question (default: answer between <answer> tags; '' none)")
+
+
+def _reasoning_gym(args: argparse.Namespace) -> int:
+    try:
+        from rlfleet.data import reasoning_gym
+        import reasoning_gym as _package  # noqa: F401 - the optional dependency, named when missing
+    except ImportError:
+        raise ConfigError("rlfleet data reasoning-gym needs the reasoning-gym package: "
+                          "pip install 'rlfleet[envs]'") from None
+    from rlfleet.data import convert
+
+    tasks = reasoning_gym.parse_tasks(args.tasks)
+    instruction = reasoning_gym.INSTRUCTION if args.instruction is None else args.instruction
+    rows = reasoning_gym.make_rows(tasks, args.rows, args.seed, args.split, instruction)
+    path = convert.write_rows(rows, args.output)
+    print(f"rlfleet: wrote {len(rows)} {args.split} rows ({', '.join(tasks)}) to {path}")
+    return 0
 
 
 def _length_filter(rows: list[dict], args: argparse.Namespace) -> tuple[list[dict], str]:
@@ -128,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.kind == "arithmetic":
         return _arithmetic(args)
+    if args.kind == "reasoning-gym":
+        return _reasoning_gym(args)
     records = convert.read_jsonl(args.input)
     if args.kind == "gsm8k":
         instruction = convert.GSM8K_INSTRUCTION if args.instruction is None else args.instruction

@@ -17,7 +17,8 @@ RewardFn = Callable[..., float]
 
 def named_functions() -> dict[str, RewardFn]:
     """Built-in rewards by the name `reward.fn` or a source's `function` can give."""
-    from services.reward.fns import code, digits, final_number, gsm8k, match, math_answer, penalties
+    from services.reward.fns import (code, digits, final_number, gsm8k, match, math_answer, penalties,
+                                     reasoning_gym)
     return {
         "digits": digits.compute_score,
         "gsm8k": gsm8k.compute_score,
@@ -30,6 +31,7 @@ def named_functions() -> dict[str, RewardFn]:
         "format": penalties.format_reward,
         "length_penalty": penalties.length_penalty,
         "code": code.compute_score,
+        "reasoning_gym": reasoning_gym.compute_score,
     }
 
 
@@ -60,6 +62,18 @@ def builtin_names_by_source() -> dict[str, str]:
     }
 
 
+# data_source prefixes `auto` picks a built-in for, when no exact data_source above matches.
+BUILTIN_PREFIXES = {"reasoning_gym/": "reasoning_gym"}
+
+
+def builtin_name_for(data_source: str) -> str | None:
+    """The built-in `auto` picks for `data_source` (exact name first, then prefix), or None."""
+    exact = builtin_names_by_source().get(data_source)
+    if exact is not None:
+        return exact
+    return next((name for prefix, name in BUILTIN_PREFIXES.items() if data_source.startswith(prefix)), None)
+
+
 # Built-ins whose every call ends soon by construction (regexes of fixed shape, arithmetic; `code` runs
 # the program in its own sandboxed subprocess with a deadline): safe to call in the reward service's own
 # process. `math` is not: sympy simplification has no deadline there (math-verify's SIGALRM timeouts
@@ -83,7 +97,7 @@ def builtin_functions() -> dict[str, RewardFn]:
 
 def rule_label(fn: str, data_source: str) -> str:
     """The rule `reward.fn=fn` scores `data_source` by, as reports name it."""
-    name = builtin_names_by_source().get(data_source, "none") if fn == "auto" else fn
+    name = (builtin_name_for(data_source) or "none") if fn == "auto" else fn
     return RULE_LABELS.get(name, name)
 
 

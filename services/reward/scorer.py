@@ -9,7 +9,8 @@ import structlog
 
 from rlfleet.errors import InvalidRequest, RlfleetError
 from rlfleet.types import ScoreItem, ScoreResult
-from services.reward.registry import RewardFn, builtin_functions, load_function
+from services.reward.registry import (RewardFn, builtin_functions, builtin_name_for, load_function,
+                                      named_functions)
 
 log = structlog.get_logger(__name__)
 
@@ -55,9 +56,12 @@ class RewardScorer:
         if self._fixed is not None:
             return self._fixed
         fn = self._by_source.get(data_source)
+        if fn is None and (name := builtin_name_for(data_source)) is not None:
+            fn = named_functions()[name]
         if fn is None:
             raise InvalidRequest(f"no reward function for data_source {data_source!r}; built-in ones: "
-                                 f"{sorted(self._by_source)} (or set reward.fn=pkg.module:function)")
+                                 f"{sorted(self._by_source)}, reasoning_gym/<task> (or set "
+                                 "reward.fn=pkg.module:function)")
         return fn
 
     def score(self, items: list[ScoreItem], active: Callable[[], bool] | None = None) -> list[ScoreResult]:
