@@ -37,6 +37,7 @@ DECODE_ARMS = {  # name: StaticGenerator options
     "graphs": {"compile_decode": False},
     "compiled": {"compile_decode": True},
     "compiled/no-compaction": {"compile_decode": True, "compact": False},
+    "compiled/unfused": {"compile_decode": True, "fuse": False},  # q/k/v and gate/up as separate matmuls
 }
 
 DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
@@ -94,6 +95,9 @@ def decode(model, tokenizer, rows_per_batch: list[list[list[int]]], n: int, args
               f"{results[arm]['ms_per_step']:.2f} ms/step  {results[arm]['new_tok_s']:,.0f} new tok/s  "
               f"first call {results[arm]['first_call_s']:.1f} s  lengths {results[arm]['response_len']}",
               flush=True)
+        if arm == "compiled" and DEVICE.type == "cuda":  # where one generation's GPU time goes
+            rows = [r for r in rows_per_batch[1] for _ in range(n)]
+            results[arm]["top_kernels"] = top_kernels(lambda g=gen, r=rows: g.generate(r, params), count=20)
         del gen
         gc.collect()
         if DEVICE.type == "cuda":

@@ -13,6 +13,9 @@
 #                finished-row compaction), Liger, the learner's memory metrics
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
 #   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
+#   "inservice S N STEPS"  the run phase's job for N steps with the learner's train steps and the rollout's
+#                generation calls STEPS (e.g. 8,9) traced by torch.profiler (rlfleet/profiling.py):
+#                $OUT/inservice-S.tgz (tables and Chrome traces), the top of each table printed
 #   "trl N"      bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then rlfleet eval
 #   profile      bench/onegpu_profile.py: decode (graphs, compiled, compiled without finished-row compaction)
 #                and learner variants on the real job
@@ -249,7 +252,18 @@ phase() {
         controller.max_steps="$3" controller.eval_every="$4" "controller.eval_before_train=$([ "$4" = 0 ] \
         && echo false || echo true)" "${@:5}" 2>&1 | quiet | grep -v '"event": "step"' | tail -12
       cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
+      "$py" bench/step_times.py "$out/metrics-$name.jsonl"
       grep -h "transport\|memory plan" "$work/outputs/$name/logs/"*.log | head -4 ;;
+    inservice)  # inservice S N STEPS: the run phase's job traced at STEPS (rlfleet/profiling.py)
+      local name="prof-s$2" d=$work/prof-s$2
+      rm -rf "$d" "$work/outputs/$name"
+      RLFLEET_PROFILE_STEPS=$4 RLFLEET_PROFILE_DIR=$d timeout 300 "$py" -m rlfleet.app.cli run "${job[@]}" \
+        run.name=$name controller.max_staleness="$2" controller.max_steps="$3" controller.eval_every=0 \
+        controller.eval_before_train=false "${@:5}" 2>&1 | quiet | grep -v '"event": "step"' | tail -4
+      cp "$work/outputs/$name/metrics.jsonl" "$d/metrics-$name.jsonl" 2>/dev/null
+      "$py" bench/step_times.py "$d/metrics-$name.jsonl" --first 3
+      for k in "$d"/*.txt; do [ -f "$k" ] && head -32 "$k" | cut -c1-150; done
+      tar czf "$out/inservice-s$2.tgz" -C "$work" "prof-s$2" ;;
     trl)
       timeout 540 "$py" bench/gsm8k_trl.py "${job[@]}" --out "$work/trl" --max-steps "$2" "${trl_micro[@]}" 2>&1 \
         | quiet | tail -6

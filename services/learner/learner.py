@@ -17,6 +17,7 @@ from rlfleet import host_memory
 from rlfleet.config import LearnerConfig
 from rlfleet.devices import transfer_device, weight_backend, weight_checksums
 from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
+from rlfleet.profiling import StepProfiler
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
@@ -82,6 +83,7 @@ class Learner:
         self.step_results = StepResults()  # a repeated Train gets its stored result (Train is retried)
         self._group: WeightGroup | None = None
         self._sender: WeightSender | None = None
+        self._profiler = StepProfiler("learner")  # RLFLEET_PROFILE_STEPS (rlfleet/profiling.py)
 
     # ---- training -------------------------------------------------------------------------
     def train(self, batch: TrainBatch) -> TrainResult:
@@ -96,7 +98,8 @@ class Learner:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.version}")
             start, memory = time.perf_counter(), StepMemory.start(self.device)
-            metrics = self._optimizer_step(batch)
+            with self._profiler.trace(batch.step):
+                metrics = self._optimizer_step(batch)
             self.scheduler.step()  # once per policy version, whatever the mini-batches inside the step
             self.version += 1
             self.step = batch.step

@@ -256,3 +256,24 @@ def test_a_region_that_fails_to_compile_runs_eager_from_then_on(monkeypatch):
                                     valid))
     assert torch.equal(results[0], results[1])
     assert dec.pre_attention.compiled is None and dec.post_attention.compiled is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fused_projections_follow_weights_copied_in_place(kind):
+    """The decoder runs q/k/v and gate/up as one matmul each over matrices the model's own weights are
+    views of; a weight sync copies into the model in place, so the next generation must be the new
+    weights' (here: another model's weights copied in, then greedy tokens equal to that model's)."""
+    from rlfleet.weights import apply_to_module
+    from rlfleet.weights.naming import model_weights
+
+    model, other = _model(kind, seed=0), _model(kind, seed=1)
+    gen = StaticGenerator(model, PAD, [EOS], cuda_graphs=False)
+    layer, fused = model.model.layers[0], gen.decoder.fused[0]
+    assert layer.self_attn.k_proj.weight.data_ptr() == fused.qkv_weight[fused.qkv_sizes[0]:].data_ptr()
+    apply_to_module(model, {name: t.clone() for name, t in model_weights(other)})
+    up_rows = fused.gate_up_weight[layer.mlp.gate_proj.out_features:]
+    assert torch.equal(up_rows, other.model.layers[0].mlp.up_proj.weight)
+    tokens, _ = gen.generate(ROWS, SamplingParams(temperature=0.0, max_new_tokens=6))
+    expected, _ = transformers_greedy(other, ROWS, 6)
+    for i in range(len(ROWS)):
+        assert torch.equal(_until_eos(tokens, tokens, i), _until_eos(expected, expected, i))

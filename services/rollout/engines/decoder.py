@@ -78,19 +78,72 @@ def _project_qkv(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin:
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
-def _pre_attention(layer: torch.nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@dataclass
+class FusedProjections:
+    """One layer's q/k/v projections as one matrix and its MLP's gate/up as another, so a decode
+    step runs two matmuls where it ran five: at decode batch sizes each projection is a small,
+    launch-bound kernel. The model's own q/k/v/gate/up weights become views of these matrices
+    (`fuse_projections`), so weights copied into the model in place (every weight sync) are what
+    the fused matmuls read: nothing is copied twice and nothing goes stale."""
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qkv_sizes: tuple[int, int, int]
+    gate_up_weight: torch.Tensor
+
+
+def _fuse(linears: list[torch.nn.Linear], attr: str) -> torch.Tensor | None:
+    """Concatenates the linears' `attr` (weight or bias) along the output dimension and makes each
+    linear's own parameter a view of its rows; None if none of them has it."""
+    parts = [getattr(lin, attr) for lin in linears]
+    if all(p is None for p in parts):
+        return None
+    fused = torch.cat([p.detach() for p in parts])
+    start = 0
+    for p in parts:
+        p.data = fused[start:start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+def fuse_projections(layer: torch.nn.Module) -> FusedProjections:
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    if len({lin.bias is None for lin in qkv}) != 1:
+        raise ValueError("q/k/v projections that differ in having a bias cannot be fused")
+    return FusedProjections(_fuse(qkv, "weight"), _fuse(qkv, "bias"),
+                            tuple(lin.out_features for lin in qkv),
+                            _fuse([mlp.gate_proj, mlp.up_proj], "weight"))
+
+
+def _pre_attention(layer: torch.nn.Module, fused: FusedProjections | None, h: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A decode step's layer input [B, 1, H] to queries [B, KV, groups, D] (the heads sharing a kv head
-    become that kv head's queries, so no key/value is repeated) and keys/values [B, KV, 1, D]."""
+    become that kv head's queries, so no key/value is repeated) and keys/values [B, KV, 1, D].
+    `fused` None: the model's three projections (the unfused arm of bench/onegpu_profile.py)."""
     attn = layer.self_attn
-    q, k, v = _project_qkv(attn, layer.input_layernorm(h), cos, sin)
-    return q.reshape(h.shape[0], -1, groups, attn.head_dim), k, v
+    batch, D = h.shape[0], attn.head_dim
+    if fused is None:
+        q, k, v = _project_qkv(attn, layer.input_layernorm(h), cos, sin)
+        return q.reshape(batch, -1, groups, D), k, v
+    qkv = F.linear(layer.input_layernorm(h), fused.qkv_weight, fused.qkv_bias)
+    q, k, v = (t.view(batch, 1, -1, D) for t in qkv.split(fused.qkv_sizes, dim=-1))
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    return q.reshape(batch, -1, groups, D), k, v
 
 
-def _post_attention(layer: torch.nn.Module, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _post_attention(layer: torch.nn.Module, fused: FusedProjections | None, h: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:
     """The rest of a layer: output projection, residual, post-attention norm, MLP, residual."""
+    mlp = layer.mlp
     h = h + layer.self_attn.o_proj(out.reshape(h.shape[0], 1, -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    if fused is None:
+        return h + mlp(layer.post_attention_layernorm(h))
+    gate, up = F.linear(layer.post_attention_layernorm(h), fused.gate_up_weight).chunk(2, dim=-1)
+    return h + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 class CompiledRegion:
@@ -130,13 +183,14 @@ class StaticDecoder:
     the compiler never copies the cache to make an in-place write functional.
     """
 
-    def __init__(self, model: torch.nn.Module, compile_layers: bool = False):
+    def __init__(self, model: torch.nn.Module, compile_layers: bool = False, fuse: bool = True):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the static decode loop cannot run this model: {reason}")
         self.model = model
         self.layers = list(model.model.layers)
         self.groups = model.config.num_attention_heads // model.config.num_key_value_heads
+        self.fused = [fuse_projections(layer) if fuse else None for layer in self.layers]
         self.pre_attention, self.post_attention = _pre_attention, _post_attention
         if compile_layers:
             self.pre_attention = CompiledRegion(_pre_attention)
@@ -174,15 +228,18 @@ class StaticDecoder:
         (a 1-element long tensor, so a captured graph reads it each replay). Returns logits [B, V].
         No host synchronisation: safe to capture in a CUDA graph."""
         valid.index_fill_(1, column, True)
-        mask = valid[:, None, None, :]  # [B, 1, 1, L]: broadcast over kv heads and their query heads
         h = self.model.model.embed_tokens(ids[:, None])
+        # [B, 1, 1, L], broadcast over kv heads and their query heads: the additive form once per step,
+        # not a boolean mask that the attention would convert again in every layer
+        mask = torch.zeros(valid.shape, dtype=h.dtype, device=h.device).masked_fill_(
+            ~valid, float("-inf"))[:, None, None, :]
         cos, sin = self.model.model.rotary_emb(h, positions[:, None])
-        for i, layer in enumerate(self.layers):
-            q, k, v = self.pre_attention(layer, h, cos, sin, self.groups)
+        for i, (layer, fused) in enumerate(zip(self.layers, self.fused)):
+            q, k, v = self.pre_attention(layer, fused, h, cos, sin, self.groups)
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(2, column, k)
             values.index_copy_(2, column, v)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  scale=layer.self_attn.scaling)
-            h = self.post_attention(layer, h, out)
+            h = self.post_attention(layer, fused, h, out)
         return self._logits(h[:, 0])

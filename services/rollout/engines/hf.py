@@ -20,6 +20,7 @@ from rlfleet.config import RolloutConfig
 from rlfleet.devices import placement
 from rlfleet.errors import ConfigError
 from rlfleet.ops.logprobs import token_logprobs
+from rlfleet.profiling import StepProfiler
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from rlfleet.weights import apply_to_module
 from rlfleet.weights.digest import weights_digest
@@ -50,6 +51,7 @@ class HFEngine(RolloutEngine):
         self._lock = threading.Lock()
         self.policy_version = 0
         self._weights = InProcessWeightSync(device, self.apply_weights)
+        self._profiler = StepProfiler("rollout")  # RLFLEET_PROFILE_STEPS (rlfleet/profiling.py)
 
     def _static_generator(self, decode: str, cuda_graphs: bool,
                           compile_decode: bool) -> StaticGenerator | None:
@@ -101,10 +103,11 @@ class HFEngine(RolloutEngine):
         rows = [p.prompt_ids for p in prompts for _ in range(params.n)]
         with self._lock:
             version = self.policy_version
-            if self._static is not None:
-                new_ids, logprobs = self._static.generate(rows, params)
-            else:
-                new_ids, logprobs = self._transformers_generate(rows, params)
+            with self._profiler.trace(self._profiler.next_call()):
+                if self._static is not None:
+                    new_ids, logprobs = self._static.generate(rows, params)
+                else:
+                    new_ids, logprobs = self._transformers_generate(rows, params)
         if self._device.type == "cpu":  # the chunk's freed buffers are host memory (rlfleet/host_memory.py)
             host_memory.step_done()
         completions = [self._completion(new_ids[i].tolist(), logprobs[i].tolist(), params, version)
