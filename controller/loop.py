@@ -222,18 +222,23 @@ class GRPOLoop(GenerationSide):
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
         if self.fleet.members():
+            # The group is formed over these members and only they are committed: a replica accepted
+            # meanwhile stays joining, and the next boundary re-forms the group with it.
+            members = self.fleet.weight_members()
+            self.sync.rollouts = [m.client for m in members]
             self.sync.open()
             # Both sides loaded the same files (or the learner its checkpoint, which this pushes).
             self.sync.sync(self._start_version)
+            self.fleet.commit(members, self._start_version)  # the initial group
         else:  # replicas join once it runs (deploy/compose.yaml): the first one forms the group
-            self._await_first_member()
+            self._await_first_member()  # commits the members it formed the group over
         # initial policy
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
                 0, 0, self._generate_for_eval, self.recovery.score)})
-        self.fleet.commit(self.fleet.weight_members(), self._start_version)  # the initial group
         for member in self.fleet.members():
-            self._start_generation(member)
+            if member.takes_work():  # a joiner starts once a re-formed group made it live (fleet.on_live)
+                self._start_generation(member)
         self.fleet.watch(self.stop)  # joined members that stop answering leave within seconds
         version = self._start_version
         try:
