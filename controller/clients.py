@@ -13,7 +13,7 @@ import grpc
 
 from controller.reward_tally import RewardTally
 from rlfleet import types as t
-from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
+from rlfleet.errors import Busy, RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.proto.v1 import (
     common_pb2,
     learner_pb2,
@@ -37,6 +37,8 @@ def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> Rlfleet
         return ServiceUnavailable(message)
     if code == grpc.StatusCode.ABORTED:
         return WeightSyncError(message)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and detail.startswith("Busy:"):
+        return Busy(message)  # another weight operation runs there: worth a retry once it ends
     return RlfleetError(message)
 
 
@@ -158,9 +160,11 @@ class LearnerClient(_Client):
         return reply.address, reply.backend
 
     @_rpc
-    def push_weights(self, version: int, timeout_s: float,
-                     digest: bool = False) -> learner_pb2.PushWeightsResponse:
-        return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest),
+    def push_weights(self, version: int, timeout_s: float, digest: bool = False,
+                     group: str = "") -> learner_pb2.PushWeightsResponse:
+        """`group`: the address open_weight_group returned (the learner may host others)."""
+        return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest,
+                                                                     group=group),
                                       timeout=timeout_s)
 
     @_rpc

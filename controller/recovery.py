@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
-from rlfleet.errors import RlfleetError, ServiceUnavailable, WeightSyncError
+from rlfleet.errors import Busy, RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.types import ScoreItem, ScoreResult, TrainBatch, TrainResult
 from controller.reward_outage import RewardOutage
 
@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-_RETRYABLE = (ServiceUnavailable, WeightSyncError)
+# Busy: the learner runs another weight operation (a push someone else asked for): it ends, then ours runs.
+_RETRYABLE = (ServiceUnavailable, WeightSyncError, Busy)
 
 
 class Stopped(RlfleetError):
@@ -258,6 +259,10 @@ class Recovery:
         while True:
             try:
                 return learner.train(batch)
+            except Busy as exc:  # refused before it ran: asked again once the other operation ends
+                self._expired(deadline, "the learner", exc)
+                delay = self._sleep(delay)
+                continue
             except ServiceUnavailable as exc:
                 self._expired(deadline, "the learner", exc)
                 self._event("learner_failed", version=batch.expected_version, step=batch.step,
@@ -279,6 +284,10 @@ class Recovery:
         while True:
             try:
                 return fn()
+            except Busy as exc:  # refused before it ran: asked again once the other operation ends
+                self._expired(deadline, "the learner", exc)
+                delay = self._sleep(delay)
+                continue
             except ServiceUnavailable as exc:
                 self._expired(deadline, "the learner", exc)
                 self._event("learner_failed", version=version, error=str(exc)[:200])

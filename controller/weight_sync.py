@@ -24,6 +24,7 @@ class WeightSync:
         # One thread per member of the largest fleet (threads start only as needed): a pull queued
         # behind another would leave the push waiting for a receiver that never comes.
         self._pool = ThreadPoolExecutor(max_workers=1 + MAX_REPLICAS, thread_name_prefix="weight-sync")
+        self.group = ""  # the group open() formed, by address: pushes name it (the learner may host others)
 
     def open(self) -> str:
         """Opens the learner's group and has every rollout join it; returns the rendezvous address."""
@@ -40,6 +41,7 @@ class WeightSync:
         for rollout, count in zip(self.rollouts, ranks):
             rollout.join_weight_group(address, base, world_size, backend, self.timeout_s)
             base += count
+        self.group = address
         log.info("weight group opened", address=address, backend=backend, members=world_size,
                  replicas=len(self.rollouts))
         return address
@@ -48,7 +50,7 @@ class WeightSync:
         """Pushes `version` to every rollout; returns the seconds until all of them serve it."""
         start = time.perf_counter()
         deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
-        push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify)
+        push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify, self.group)
         pulls = [self._pool.submit(r.pull_weights, version, deadline, self.verify) for r in self.rollouts]
         pushed = push.result()
         for rollout, pull in zip(self.rollouts, pulls):

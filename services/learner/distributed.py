@@ -26,7 +26,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from rlfleet.errors import NotReady, RlfleetError, VersionMismatch, WeightSyncError
+from rlfleet.errors import RlfleetError, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult, TrainSample
 from services.learner.batching import validate_samples
 
@@ -208,25 +208,30 @@ class LearnerFront:
             return self._run(lambda: self.learner.train(batch), "train step")
 
     def open_weight_group(self, *args, **kwargs) -> tuple[str, str]:
-        with self._serial():  # rank 0 only: the weight group is rank 0's business
-            return self.learner.open_weight_group(*args, **kwargs)
+        # Rank 0 only (the weight group is rank 0's business) and no command to the other ranks, so
+        # it does not wait for a step or a push (weight_groups.py: an Open replaces no group).
+        return self.learner.open_weight_group(*args, **kwargs)
 
-    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
         with self._serial():
             self._check()
-            sender, group = self.learner._sender, self.learner._group
-            if sender is None or group is None:
-                raise NotReady("no weight group: call OpenWeightGroup first")
+            hosted = self.learner.weight_groups.find(group)
+            sender = hosted.sender
             if version != self.learner.version:
                 raise VersionMismatch(f"push of version {version} asked, learner is at "
                                       f"{self.learner.version}")
             # Wait for the rollouts before the other ranks start gathering: a rollout that never
             # comes fails this push here, with the learner world still in step.
-            group.connect()
+            try:
+                hosted.group.connect()
+            except WeightSyncError:
+                self.learner.weight_groups.done(hosted, "failed")
+                raise
             send_command(self.world, Op.PUSH, version, sender.bucket_bytes, int(sender.checksums),
                          int(digest))
             # A WeightSyncError (a rollout failed) leaves the ranks in step: rank 0 finished the gathers.
-            return self._run(lambda: self.learner.push_weights(version, digest=digest), "weight push",
+            return self._run(lambda: self.learner.push_weights(version, digest=digest, group=hosted.address),
+                             "weight push",
                              in_step=(WeightSyncError,))
 
     def save_checkpoint(self, step: int) -> Path:

@@ -152,15 +152,15 @@ class ShardedLearner(Learner):
         self.update = ShardedPolicyUpdate.like(self.update, self.optimizer, self.rank, self.world_size)
 
     # ---- weights --------------------------------------------------------------------------
-    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
         """Rank 0: the sender gathers each parameter while it packs its bucket (see follow_push).
 
         When the push fails on the weight group (a rollout died), the other ranks are still
         waiting in the gathers the sender did not reach: rank 0 runs them too, so the learner's
         ranks stay in step and a later push (on a rebuilt weight group) can succeed."""
-        sender = self._sender
+        sender = self.weight_groups.find(group).sender
         try:
-            stats = super().push_weights(version, digest=False)
+            stats = super().push_weights(version, digest=False, group=group)
         except WeightSyncError:
             if sender is not None:
                 self._gather_from(self.gather_plan(version, sender.bucket_bytes, sender.checksums),

@@ -16,7 +16,7 @@ from rlfleet.algorithm import AlgorithmConfig
 from rlfleet import host_memory
 from rlfleet.config import LearnerConfig
 from rlfleet.devices import transfer_device, weight_backend, weight_checksums
-from rlfleet.errors import NotReady, VersionMismatch, WeightSyncError
+from rlfleet.errors import VersionMismatch, WeightSyncError
 from rlfleet.profiling import StepProfiler
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
@@ -31,6 +31,7 @@ from services.learner.memory_metrics import StepMemory
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
 from services.learner.update import build_policy_update
+from services.learner.weight_groups import HostedGroup, WeightGroups
 
 log = structlog.get_logger(__name__)
 
@@ -81,9 +82,9 @@ class Learner:
         self._matmul_weights = matmul_weights(self.model)
         self._lock = threading.Lock()  # a train step and a weight push never overlap
         self.step_results = StepResults()  # a repeated Train gets its stored result (Train is retried)
-        self._group: WeightGroup | None = None
-        self._sender: WeightSender | None = None
         self._profiler = StepProfiler("learner")  # RLFLEET_PROFILE_STEPS (rlfleet/profiling.py)
+        # Every group opened, by address; a push names its own (services/learner/weight_groups.py).
+        self.weight_groups = WeightGroups()
 
     # ---- training -------------------------------------------------------------------------
     def train(self, batch: TrainBatch) -> TrainResult:
@@ -133,43 +134,45 @@ class Learner:
     def open_weight_group(self, world_size: int, host: str, timeout_s: float,
                           token: str | None = None, members: list[str] | None = None) -> tuple[str, str]:
         """`token`: only ranks that present it are admitted (rlfleet.weights.group); `members`:
-        where each member's weights live (rlfleet.devices.placement), which picks the transport."""
-        with self._lock:
-            if self._group is not None:
-                self._group.close()
-            backend = weight_backend(self.cfg.weight_backend, self.device, members)
-            checksums = weight_checksums(self.cfg.weight_checksums, backend)
-            self._group = WeightGroup.host(world_size=world_size,
-                                           backend="gloo" if backend == "ipc" else backend,
-                                           host=host, timeout_s=timeout_s,
-                                           device=transfer_device(backend, self.device), token=token)
-            if backend == "ipc":
-                self._sender = IpcWeightSender(self._group, self.device, checksums=checksums)
-            else:
-                self._sender = WeightSender(self._group, bucket_bytes=self.cfg.weight_bucket_mb << 20,
-                                            checksums=checksums)
-            log.info("weight group transport", backend=backend, requested=self.cfg.weight_backend,
-                     members=world_size - 1, learner_device=str(self.device))
-            return self._group.address, backend
+        where each member's weights live (rlfleet.devices.placement), which picks the transport.
+        Takes no lock of the model's: hosting a store waits for nothing, so an Open (anyone's, without
+        a token) never makes a step or a push wait, and it replaces no group (weight_groups.py)."""
+        backend = weight_backend(self.cfg.weight_backend, self.device, members)
+        checksums = weight_checksums(self.cfg.weight_checksums, backend)
+        group = WeightGroup.host(world_size=world_size, backend="gloo" if backend == "ipc" else backend,
+                                 host=host, timeout_s=timeout_s,
+                                 device=transfer_device(backend, self.device), token=token)
+        if backend == "ipc":
+            sender = IpcWeightSender(group, self.device, checksums=checksums)
+        else:
+            sender = WeightSender(group, bucket_bytes=self.cfg.weight_bucket_mb << 20, checksums=checksums)
+        self.weight_groups.add(HostedGroup(group, sender, backend))
+        log.info("weight group transport", backend=backend, requested=self.cfg.weight_backend,
+                 members=world_size - 1, learner_device=str(self.device), address=group.address)
+        return group.address, backend
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """The weights a rollout copy of the model must hold (rlfleet.weights.naming; LoRA merged)."""
         return policy_weights(self.model)
 
-    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
+        """Pushes `version` to the group at address `group` (empty: the one opened last)."""
         with self._lock:
-            if self._sender is None or self._group is None:
-                raise NotReady("no weight group: call OpenWeightGroup first")
-            if version != self.version:
-                raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
-            start = time.perf_counter()
+            hosted = self.weight_groups.take(group)
+            outcome = "untouched"
             try:
-                self._group.connect()
-                stats = self._sender.push(self.named_weights(), version)
-            except WeightSyncError:
-                self._group.close()
-                self._group, self._sender = None, None
-                raise
+                if version != self.version:
+                    raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
+                start = time.perf_counter()
+                try:
+                    hosted.group.connect()
+                    stats = hosted.sender.push(self.named_weights(), version)
+                except WeightSyncError:
+                    outcome = "failed"
+                    raise
+                outcome = "pushed"
+            finally:
+                self.weight_groups.done(hosted, outcome)
             stats["seconds"] = time.perf_counter() - start
             if digest:
                 stats["digest"] = weights_digest(self.named_weights())

@@ -43,7 +43,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.restored_from: Path | None = None
         self.last_error = ""
         self.host = host  # interface the weight-group store binds
-        self.weight_ops = Exclusive("learner")  # one open or push at a time, the others refused at once
+        self.weight_ops = Exclusive("learner")  # one push at a time, the others refused at once
         # Each checkpoint's files are read once in this process (rlfleet.checkpoint_files.DigestChecks).
         self.digest_checks = DigestChecks()
 
@@ -79,10 +79,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.open_weight_group(request, self.limits)
         timeout_s = request.timeout_s or min(120.0, self.limits.max_weight_timeout_s)
-        with self.weight_ops.hold("OpenWeightGroup"):
-            address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
-                                                         token=self.weight_token,
-                                                         members=list(request.member_placements))
+        # Not under weight_ops: an Open adds a group of its own and waits for nothing, so a stray
+        # one neither replaces the run's group nor makes its push Busy (services/learner/weight_groups.py).
+        address, backend = learner.open_weight_group(request.world_size, self.host, timeout_s,
+                                                     token=self.weight_token,
+                                                     members=list(request.member_placements))
         return learner_pb2.OpenWeightGroupResponse(address=address, backend=backend)
 
     @rpc_method
@@ -90,7 +91,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         validate.version(request.version)
         with self.weight_ops.hold("PushWeights"):
-            stats = learner.push_weights(request.version, digest=request.digest)
+            stats = learner.push_weights(request.version, digest=request.digest, group=request.group)
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))

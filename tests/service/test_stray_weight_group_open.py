@@ -74,7 +74,8 @@ def test_an_open_during_a_step_neither_waits_for_it_nor_blocks_the_push(services
     opened: list[float] = []
     with core._lock:  # a training step in progress holds the learner's lock
         began = time.monotonic()
-        stray = threading.Thread(target=lambda: (_stray_open(learner), opened.append(time.monotonic() - began)))
+        stray = threading.Thread(
+            target=lambda: (_stray_open(learner), opened.append(time.monotonic() - began)))
         stray.start()
         stray.join(10)
         assert opened, "the stray Open waited for the step to end"

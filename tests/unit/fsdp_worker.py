@@ -56,7 +56,7 @@ def failed_push(front, learner) -> str:
     from rlfleet.weights.manifest import HEADER_WORDS
 
     address, _ = front.open_weight_group(2, "127.0.0.1", 5.0)
-    learner._sender.bucket_bytes = 16 << 10  # ~45 buckets instead of one
+    learner.weight_groups.find(address).sender.bucket_bytes = 16 << 10  # ~45 buckets instead of one
 
     def rollout_that_leaves() -> None:
         group = WeightGroup.join(address, 1, 2, "gloo", timeout_s=5.0)

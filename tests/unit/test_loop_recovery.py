@@ -20,7 +20,7 @@ from controller.outputs import RunWriter
 from controller.reward_outage import RewardOutageExpired
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import Prompt, PromptSource
-from rlfleet.errors import ServiceUnavailable, WeightSyncError
+from rlfleet.errors import Busy, ServiceUnavailable, WeightSyncError
 from rlfleet.types import Completion, GroupResult, ScoreResult, ServiceStatus, TrainResult
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
@@ -129,7 +129,7 @@ class FakeLearner:
     def open_weight_group(self, world_size, timeout_s, placements=None):
         return "fake-group:4", "gloo"
 
-    def push_weights(self, version, timeout_s, digest=False):
+    def push_weights(self, version, timeout_s, digest=False, group=""):
         if self.faults.fire("learner", "push"):
             raise WeightSyncError("learner service at fake-learner:3: PushWeights failed with ABORTED")
         return SimpleNamespace(digest="d")
@@ -258,3 +258,29 @@ def test_reward_failure_counts_failed_items_and_whole_failed_groups(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert sum(m["reward/failed"] for m in metrics) == 4
     assert sum(m["reward/failed_groups"] for m in metrics) == 1
+
+
+@pytest.mark.parametrize("call", ["push", "train", "checkpoint"])
+def test_a_learner_busy_with_another_weight_operation_is_waited_for(tmp_path, call):
+    """Issue 32: the learner refuses a push, a Train or a checkpoint with Busy (RESOURCE_EXHAUSTED)
+    while it runs a push someone else asked for (without a token anyone may). It ends; the
+    controller's call is then retried instead of ending the run."""
+    faults = Faults()
+    loop, learner = make_loop(tmp_path, faults, staleness=0)
+    loop.cfg.learner.checkpoint_every = 1
+    refusals = {"left": 2}
+    method = {"push": "push_weights", "train": "train", "checkpoint": "save_checkpoint"}[call]
+    original = getattr(learner, method)
+
+    def busy_at_first(*args, **kwargs):
+        if learner.trained_steps and refusals["left"] > 0:  # not the initial sync: during the run
+            refusals["left"] -= 1
+            raise Busy("learner service at fake-learner:3: PushWeights failed with RESOURCE_EXHAUSTED: "
+                       "Busy: PushWeights refused: PushWeights is in progress on this learner")
+        return original(*args, **kwargs)
+
+    setattr(learner, method, busy_at_first)
+    assert run_loop(loop) is None
+    assert refusals["left"] == 0
+    assert learner.trained_steps == [1, 2, 3]
+    assert audit(tmp_path / "journal" / "prompts.jsonl").trained_twice == []

@@ -71,12 +71,14 @@ class OpenWeightGroupResponse(_message.Message):
     def __init__(self, address: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
-    __slots__ = ("version", "digest")
+    __slots__ = ("version", "digest", "group")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     version: int
     digest: bool
-    def __init__(self, version: _Optional[int] = ..., digest: _Optional[bool] = ...) -> None: ...
+    group: str
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[bool] = ..., group: _Optional[str] = ...) -> None: ...
 
 class PushWeightsResponse(_message.Message):
     __slots__ = ("version", "bytes", "seconds", "digest")

@@ -81,7 +81,9 @@ class LearnerServicer:
 
     def OpenWeightGroup(self, request, context):
         """Hosts a weight group of `world_size` members (the learner is rank 0) and
-        returns its rendezvous address.
+        returns its rendezvous address, which names the group in PushWeights. The group
+        pushed to last stays until a push to a newer one succeeds: another Open never
+        replaces it, and an Open waits for no training step or push.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
