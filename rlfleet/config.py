@@ -137,8 +137,11 @@ class EnvConfig(Section):
     batch_size: int = Field(64, ge=1, le=4096, description="episodes per call to the environment")
     max_concurrency: int = Field(4, ge=1, le=256, description="calls in flight to the environment at once")
     max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while the "
-                                "environment cannot be reached: admission pauses; after this the run "
-                                "stops with the cause")
+                                "environment cannot be reached (UNAVAILABLE, whatever its health says): "
+                                "admission pauses; after this the run stops with the cause")
+    max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many episodes in "
+                                          "a row failed (a timeout, a bad reply, an error; unavailable "
+                                          "counts toward env.max_outage_s instead); 0 never stops")
     tools_in_prompt: bool | Literal["auto"] = Field(
         "auto", description="put the tools the environment describes (Describe) into every chat prompt: as "
         "the chat template's tools where it renders them, else in a system message naming the "

@@ -1,0 +1,86 @@
+"""Real environment servers that break the contract on purpose (the Python SDK's servicer refuses to).
+
+`FaultyEnvironment` is an `rlfleet.v1.Environment` servicer on a real server (health says SERVING,
+reflection on) whose fault a test picks:
+
+    nan_reward    Start answers, every Step answers reward NaN (a reply that breaks the contract)
+    unavailable   every call ends UNAVAILABLE while health says SERVING
+    honest        Start answers, Step ends the episode with reward 1 (the control)
+
+It records the calls it was sent (`calls`: (rpc, episode ids, End's reason)).
+
+    python -m tests.env_servers --fault nan_reward --port 0    # prints "serving on HOST:PORT"
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+
+import grpc
+
+from rlfleet.proto.v1 import environment_pb2 as pb
+from rlfleet.proto.v1 import environment_pb2_grpc
+from rlfleet.rpc.server import ServiceServer
+
+SERVICE = "rlfleet.v1.Environment"
+FAULTS = ("nan_reward", "unavailable", "honest")
+
+
+class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
+    def __init__(self, fault: str):
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+        self.fault = fault
+        self.calls: list[tuple[str, tuple[str, ...], str]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, rpc: str, ids, reason: str = "") -> None:
+        with self._lock:
+            self.calls.append((rpc, tuple(ids), reason))
+
+    def Start(self, request, context):
+        self._record("Start", [e.episode_id for e in request.episodes])
+        if self.fault == "unavailable":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        return pb.StepResponse(results=[pb.StepResult(episode_id=e.episode_id, ok=True)
+                                        for e in request.episodes])
+
+    def Step(self, request, context):
+        self._record("Step", [a.episode_id for a in request.actions])
+        if self.fault == "unavailable":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        reward = math.nan if self.fault == "nan_reward" else 1.0
+        return pb.StepResponse(results=[pb.StepResult(episode_id=a.episode_id, ok=True, done=True,
+                                                      reward=reward) for a in request.actions])
+
+    def End(self, request, context):
+        self._record("End", request.episode_ids, request.reason)
+        if self.fault == "unavailable":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        return pb.StepResponse(results=[pb.StepResult(episode_id=i, ok=True, done=True)
+                                        for i in request.episode_ids])
+
+
+def start(fault: str, host: str = "127.0.0.1", port: int = 0) -> tuple[ServiceServer, FaultyEnvironment]:
+    servicer = FaultyEnvironment(fault)
+    server = ServiceServer([SERVICE], host, port)
+    server.add(environment_pb2_grpc.add_EnvironmentServicer_to_server, servicer)
+    server.start()
+    server.mark_serving()
+    return server, servicer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", choices=FAULTS, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    server, _ = start(args.fault, port=args.port)
+    server.install_signal_handlers()
+    print(f"serving on {server.address}", flush=True)
+    server.wait()
+
+
+if __name__ == "__main__":
+    main()
