@@ -1,13 +1,16 @@
 """Whether the environment can be reached: the controller's environment outage, a small state machine
 like the reward outage (controller/reward_outage.py).
 
-    RUNNING --an episode failed 'unavailable'--> OUTAGE(since, cause); a probe thread starts
-    OUTAGE  --the environment's health says SERVING--> RUNNING
-    OUTAGE  --env.max_outage_s passed-------------> `expired()` names the cause (the run stops)
+    RUNNING --an episode failed 'unavailable'------------> OUTAGE(since, cause); a probe thread starts
+    OUTAGE  --the environment's health says SERVING-------> TRIAL: admission resumes, the clock runs on
+    TRIAL   --an episode failed 'unavailable' again-------> OUTAGE (the same outage, the same `since`)
+    OUTAGE/TRIAL --an episode got an answer (`reached`)---> RUNNING
+    OUTAGE/TRIAL --env.max_outage_s passed----------------> `expired()` names the cause (the run stops)
 
-Episodes that failed so are left out (their groups are dropped and generated again later, their
-admission slots given back); during the outage no new prompts are admitted. One warning when an
-outage begins and one when it ends.
+Health alone never ends an outage: a server whose health says SERVING while every call fails
+UNAVAILABLE stops the run after env.max_outage_s, as one that is down does. Episodes that failed so
+are left out (their groups are dropped and generated again later, their admission slots given back);
+while paused no new prompts are admitted. One warning when an outage begins and one when it ends.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from rlfleet.errors import RlfleetError
 
 log = structlog.get_logger(__name__)
 
-RUNNING, OUTAGE = "running", "outage"
+RUNNING, OUTAGE, TRIAL = "running", "outage", "trial"
 
 
 class EnvOutageExpired(RlfleetError, ConnectionError):
@@ -47,24 +50,35 @@ class EnvOutage:
             self.cause = cause
             if self.state == OUTAGE:
                 return
-            # Journalled first, then admission pauses: each change is in the journal before
-            # admission acts on it (the lock keeps a second failure from telling it again).
-            self._tell(OUTAGE, cause=cause[:300])
-            self.state, self.since = OUTAGE, self.clock()
-            self.outages += 1
-        log.warning(f"environment outage: {cause}; admission paused; the run stops if this lasts "
-                    f"env.max_outage_s={self.max_outage_s:g}s")
-        threading.Thread(target=self._probe_until_back, name="env-probe", daemon=True).start()
+            if self.state == TRIAL:  # health said SERVING, the calls say otherwise: pause again
+                self.state = OUTAGE
+                trial = True
+            else:
+                # Journalled first, then admission pauses: each change is in the journal before
+                # admission acts on it (the lock keeps a second failure from telling it again).
+                self._tell(OUTAGE, cause=cause[:300])
+                self.state, self.since = OUTAGE, self.clock()
+                self.outages += 1
+                trial = False
+        if trial:
+            log.info(f"environment still unavailable though its health says SERVING: {cause}")
+        else:
+            log.warning(f"environment outage: {cause}; admission paused; the run stops if this lasts "
+                        f"env.max_outage_s={self.max_outage_s:g}s")
+        threading.Thread(target=self._probe_until_serving, name="env-probe", daemon=True).start()
 
-    def _probe_until_back(self) -> None:
+    def _probe_until_serving(self) -> None:
         while not self._stop.wait(self.probe_every_s):
             if self.state != OUTAGE:
                 return
             if self.probe():
-                self.recovered()
+                with self._lock:
+                    if self.state == OUTAGE:
+                        self.state = TRIAL  # admission resumes; only an answered episode ends the outage
                 return
 
-    def recovered(self) -> None:
+    def reached(self) -> None:
+        """An episode got an answer from the environment: an outage is over."""
         with self._lock:
             if self.state == RUNNING:
                 return
@@ -76,7 +90,7 @@ class EnvOutage:
     def expired(self) -> EnvOutageExpired | None:
         """The error that stops the run, once the outage is older than env.max_outage_s."""
         with self._lock:
-            if self.state == OUTAGE and self.clock() - self.since > self.max_outage_s:
+            if self.state != RUNNING and self.clock() - self.since > self.max_outage_s:
                 return EnvOutageExpired(f"no environment for {self.clock() - self.since:.0f}s "
                                         f"(env.max_outage_s={self.max_outage_s:g}): {self.cause}")
         return None

@@ -191,9 +191,14 @@ class GenerationSide:
 
     def _score_batch(self, batch: list[ScoredGroupInput]) -> None:
         for waiting in batch:
-            unreachable = env_unavailable(waiting.completions)
-            if unreachable is not None and self.env_outage is not None:
-                self.env_outage.failed(unreachable)
+            if self.env_outage is not None:
+                unreachable = env_unavailable(waiting.completions)
+                if unreachable is not None:
+                    self.env_outage.failed(unreachable)
+                elif any(not c.failed for c in waiting.completions):
+                    self.env_outage.reached()
+            if self.env_failures is not None:  # stops the run when every episode fails (EnvironmentFailing)
+                self.env_failures.add(waiting.completions)
         # Episodes with the environment's reward (or failed) skip the reward service.
         split = [split_group(w.prompt, w.completions, w.request_id) for w in batch]
         items = [item for _, to_score in split for item in to_score]

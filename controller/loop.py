@@ -26,6 +26,7 @@ from rlfleet.data.prompts import PromptSource
 from rlfleet.errors import RlfleetError
 from rlfleet.types import DataRow, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
+from controller.env_failures import EnvFailures
 from controller.env_outage import EnvOutage
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
@@ -97,6 +98,8 @@ class GRPOLoop(GenerationSide):
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
         self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
+        self.env_failures = (EnvFailures(cfg.env.address or cfg.env.name or "", cfg.env.max_consecutive_failures)
+                             if cfg.env.enabled else None)
         self._start_step, self._start_version = 0, 0
         # the newest step with a checkpoint: where controller.resume=latest goes back to
         self.checkpointed_step = 0
@@ -278,6 +281,8 @@ class GRPOLoop(GenerationSide):
                         metrics.update({f"env/failed/{cause}": float(n)
                                         for cause, n in self._env_failed.items()})
                         self._env_failed.clear()
+                    if self.env_failures is not None:
+                        self.env_failures.report()  # the failures of the last minute, if due
                 metrics.update(self.reward.step_metrics(groups))  # reward/<source>/… under reward.sources
                 metrics.update(self.fleet.metrics())  # fleet/replicas, fleet/joins, fleet/leaves
                 if self.evaluator is not None:

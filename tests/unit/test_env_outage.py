@@ -1,5 +1,6 @@
 """The controller's environment outage: admission pauses when an episode could not reach the
-environment, resumes when its health says SERVING, and the run stops after env.max_outage_s."""
+environment, resumes for a trial when its health says SERVING, ends when an episode gets through, and
+the run stops after env.max_outage_s of UNAVAILABLE, whatever health says."""
 from __future__ import annotations
 
 import threading
@@ -12,18 +13,12 @@ from controller.env_outage import EnvOutage, EnvOutageExpired
 pytestmark = pytest.mark.unit
 
 
-def test_outage_pauses_until_the_environment_answers_again():
+def test_outage_pauses_until_health_says_serving_and_ends_when_an_episode_gets_through():
     now = [100.0]
     healthy = threading.Event()
     changes = []
-    back = threading.Event()  # told that the outage is over: the probe thread's last act
-
-    def told(state: str, fields: dict) -> None:
-        changes.append((state, fields))
-        if state == "running":
-            back.set()
     outage = EnvOutage(30.0, probe=healthy.is_set, clock=lambda: now[0], probe_every_s=0.01,
-                       on_change=told)
+                       on_change=lambda state, fields: changes.append((state, fields)))
     assert not outage.blocked() and outage.expired() is None
     outage.failed("episode p0/1: environment h:1 Step: UNAVAILABLE: connection refused")
     outage.failed("again")  # one outage, one warning, however many episodes fail
@@ -33,18 +28,37 @@ def test_outage_pauses_until_the_environment_answers_again():
     now[0] = 131.0
     assert isinstance(outage.expired(), EnvOutageExpired) and "env.max_outage_s=30" in str(outage.expired())
     now[0] = 125.0
-    healthy.set()  # the probe thread sees SERVING and ends the outage
-    # Waits on the change being told, then on `blocked()` turning false: the change is told (the
-    # journal) before the state flips, and on a loaded machine the probe thread can be preempted in
-    # between. 30 s is a bound for a stalled machine, not a tuning: a probe that never sees the
-    # recovery still fails here.
-    assert back.wait(30), "the probe thread never ended the outage"
+    healthy.set()  # the probe thread sees SERVING: admission resumes, for a trial
+    # 30 s is a bound for a stalled machine, not a tuning: a probe that never sees SERVING fails here.
     deadline = time.monotonic() + 30
     while outage.blocked() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not outage.blocked() and outage.expired() is None
+    assert [c[0] for c in changes] == ["outage"]  # not over yet: no episode got through
+    outage.reached()  # an episode got an answer: the outage is over
+    assert not outage.blocked() and outage.state == "running"
     assert [c[0] for c in changes] == ["outage", "running"]
     assert changes[0][1]["cause"].startswith("episode p0/1") and changes[1][1]["outage_s"] == 25.0
+    outage.close()
+
+
+def test_unavailable_counts_toward_max_outage_s_while_health_says_serving():
+    """A server whose health says SERVING but that answers every call UNAVAILABLE: each trial fails
+    again, and the outage, counted from the first failure, ends the run after env.max_outage_s."""
+    now = [100.0]
+    outage = EnvOutage(30.0, probe=lambda: True, clock=lambda: now[0], probe_every_s=0.01)
+    outage.failed("episode p0/1: environment h:1 Start: UNAVAILABLE: configured to be unavailable")
+    deadline = time.monotonic() + 30
+    for at in (110.0, 120.0, 131.0):
+        while outage.blocked() and time.monotonic() < deadline:  # health says SERVING: a trial
+            time.sleep(0.01)
+        assert not outage.blocked()
+        now[0] = at
+        outage.failed("episode p1/0: environment h:1 Start: UNAVAILABLE: configured to be unavailable")
+        assert outage.blocked() and outage.outages == 1
+    expired = outage.expired()
+    assert isinstance(expired, EnvOutageExpired), "the outage restarted its clock at each trial"
+    assert str(expired).startswith("no environment for 31s (env.max_outage_s=30): episode p1/0")
     outage.close()
 
 
@@ -58,7 +72,7 @@ def test_each_change_is_journalled_before_admission_sees_it():
                        on_change=lambda state, fields: seen.append((state, outage.blocked())))
     outage.failed("episode p0/1: environment h:1 Step: UNAVAILABLE")
     assert outage.blocked()
-    outage.recovered()
+    outage.reached()
     assert not outage.blocked()
     # told "outage" while admission still ran; told "running" while it was still paused
     assert seen == [("outage", False), ("running", True)]
