@@ -98,8 +98,8 @@ class GRPOLoop(GenerationSide):
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
         self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
-        self.env_failures = (EnvFailures(cfg.env.address or cfg.env.name or "", cfg.env.max_consecutive_failures)
-                             if cfg.env.enabled else None)
+        self.env_failures = (EnvFailures(cfg.env.address or cfg.env.name or "",
+                                         cfg.env.max_consecutive_failures) if cfg.env.enabled else None)
         self._start_step, self._start_version = 0, 0
         # the newest step with a checkpoint: where controller.resume=latest goes back to
         self.checkpointed_step = 0

@@ -10,10 +10,15 @@ naming the episode, so a slow, dead or confused server fails those episodes, nev
     invalid_reply  a reply that breaks the contract (count, ids, a non-finite reward)
     episode_error  the server answered ok=false for the episode
     rpc_error      any other gRPC status
+
+A call that ends UNAVAILABLE retires the channel: the next call opens a fresh one, which connects at
+once, where the old one would sit in gRPC's reconnect backoff (up to 2 minutes) and fail the first
+calls after the server is back with "Connection refused".
 """
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,8 +43,9 @@ class EnvClient:
     def __init__(self, address: str, timeout_s: float = 30.0, batch_size: int = 64, max_concurrency: int = 4,
                  security: Security | None = None):
         self.address, self.timeout_s, self.batch_size = address, timeout_s, batch_size
-        self.channel = open_channel(address, security)
-        self.stub = environment_pb2_grpc.EnvironmentStub(self.channel)
+        self.security = security
+        self._lock = threading.Lock()
+        self._connection = _Connection(open_channel(address, security))
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="env-call")
 
     def start(self, rows: Sequence[EpisodeRow]) -> tuple[list[StepResult], float]:
@@ -65,19 +71,51 @@ class EnvClient:
         return results, time.perf_counter() - started
 
     def _call(self, ids: list[str], rpc: str, request) -> list[StepResult]:
+        with self._lock:
+            connection = self._connection
+            connection.calls += 1
         try:
-            reply = getattr(self.stub, rpc)(request, timeout=self.timeout_s)
+            reply = getattr(connection.stub, rpc)(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
             code = err.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self._reconnect(connection)
             cause = {grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
                      grpc.StatusCode.DEADLINE_EXCEEDED: TIMEOUT}.get(code, RPC_ERROR)
             return [failed(i, cause, f"episode {i}: environment {self.address} {rpc}: {code.name}: "
                                      f"{err.details()}") for i in ids]
+        finally:
+            self._done(connection)
         return check_reply(ids, [env_convert.result_from_proto(r) for r in reply.results], self.address)
+
+    def _reconnect(self, failed: _Connection) -> None:
+        """The next calls go on a fresh channel; `failed` closes once its calls in flight are over."""
+        with self._lock:
+            if self._connection is failed:
+                failed.retired = True
+                self._connection = _Connection(open_channel(self.address, self.security))
+
+    def _done(self, connection: _Connection) -> None:
+        with self._lock:
+            connection.calls -= 1
+            close = connection.retired and connection.calls == 0
+        if close:
+            connection.channel.close()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.channel.close()
+        with self._lock:
+            self._connection.channel.close()
+
+
+class _Connection:
+    """A channel, its stub and the calls in flight on it."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self.stub = environment_pb2_grpc.EnvironmentStub(channel)
+        self.calls = 0
+        self.retired = False
 
 
 def check_reply(ids: list[str], results: list[StepResult], address: str) -> list[StepResult]:

@@ -52,7 +52,8 @@ def test_a_wrong_token_on_every_call_stops_the_run(run_dir, tmp_path):
     """The environment server refuses the run's token (UNAUTHENTICATED): with the tools off, nothing
     asks it before the episodes, which all fail."""
     tokens = {}
-    for name, token in (("env", "the-environments-token-0123456789"), ("run", "the-runs-own-token-9876543210")):
+    for name, token in (("env", "the-environments-token-0123456789"),
+                        ("run", "the-runs-own-token-9876543210")):
         tokens[name] = tmp_path / f"{name}.token"
         tokens[name].write_text(token + "\n")
         tokens[name].chmod(0o600)

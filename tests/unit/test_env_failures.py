@@ -25,7 +25,8 @@ def test_the_run_stops_after_the_budget_of_failures_in_a_row_naming_server_cause
     with pytest.raises(EnvironmentFailing) as err:
         failures.add([nan])  # 4 in a row
     message = str(err.value)
-    assert "\n" not in message and message.startswith("environment 127.0.0.1:5005: 4 episodes in a row failed")
+    assert "\n" not in message
+    assert message.startswith("environment 127.0.0.1:5005: 4 episodes in a row failed")
     assert "invalid_reply 3, timeout 1" in message and "env.max_consecutive_failures=4" in message
     assert message.endswith("last: " + nan.env_error)
     assert failures.snapshot() == {"episodes": 8, "failed": {"invalid_reply": 6, "timeout": 1},
@@ -59,6 +60,7 @@ def test_the_first_error_of_each_cause_is_logged_then_a_count_per_minute():
     events = [entry["event"] for entry in logs]
     assert events[0] == ("environment h:1: an episode failed (timeout): episode a/0: late; further "
                          "failures are counted once a minute")
-    assert events[1].startswith("environment h:1: an episode failed (rpc_error): episode b/0: UNAUTHENTICATED")
+    assert events[1].startswith("environment h:1: an episode failed (rpc_error): episode b/0: "
+                                "UNAUTHENTICATED")
     assert events[2] == "environment h:1: episodes failed in the last 61s: timeout 6"
     assert len(events) == 3
