@@ -8,6 +8,10 @@ result after `####` (`48 + 7 = 55\\n55 + 23 = 78\\n#### 78`); it is stored in
 `extra_info.answer` (as the GSM8K converter stores GSM8K's), which makes the same
 file usable for a supervised warm start (`rlfleet sft --response-key extra_info.answer`).
 
+`level="hard"` draws the chains of rlfleet/data/arithmetic_hard.py instead (3-4 numbers of 3-4
+digits, products and sums: a task a calculator decides); the options of ArithmeticSpec are the easy
+level's.
+
 Train and test are disjoint by construction: a problem belongs to the test side when
 a hash of its canonical text falls in the lowest `TEST_SHARE_PERCENT` of buckets, and a
 split only ever draws problems of its own side. So two files written with any seeds
@@ -26,6 +30,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from rlfleet.data.arithmetic_hard import Chain, draw_chain
 from rlfleet.data.convert import GSM8K_INSTRUCTION, make_row
 from rlfleet.errors import ConfigError, DataError
 
@@ -33,6 +38,7 @@ TASK_NAME = "rlfleet/arithmetic"
 ABILITY = "math"
 SYMBOLS = {"add": "+", "sub": "-", "mul": "*"}
 SPLITS = ("train", "test")
+LEVELS = ("easy", "hard")
 TEST_SHARE_PERCENT = 10
 _QUESTIONS = ("What is {expr}?", "Compute {expr}.", "Calculate {expr}.", "Work out {expr}.")
 # Draws per requested row before concluding the option space is too small for the row count.
@@ -94,7 +100,7 @@ class Problem:
         return "\n".join([*lines, f"#### {value}"])
 
 
-def split_of(problem: Problem) -> str:
+def split_of(problem: Problem | Chain) -> str:
     """'test' for the lowest TEST_SHARE_PERCENT hash buckets of the canonical expression, else 'train'."""
     digest = hashlib.sha256(problem.expression.encode()).digest()
     return "test" if int.from_bytes(digest[:8], "big") % 100 < TEST_SHARE_PERCENT else "train"
@@ -111,20 +117,23 @@ def draw_problem(rng: random.Random, spec: ArithmeticSpec) -> Problem | None:
 
 def make_rows(
     rows: int, seed: int = 0, split: str = "train", spec: ArithmeticSpec | None = None,
-    instruction: str = GSM8K_INSTRUCTION,
+    instruction: str = GSM8K_INSTRUCTION, level: str = "easy",
 ) -> list[dict[str, Any]]:
-    """`rows` distinct problems of `split`'s side, deterministic given the arguments."""
+    """`rows` distinct problems of `split`'s side at `level`, deterministic given the arguments."""
     spec = spec or ArithmeticSpec()
     spec.check()
+    if level not in LEVELS:
+        raise ConfigError(f"--level {level!r}: must be one of {', '.join(LEVELS)}")
     if split not in SPLITS:
         raise ConfigError(f"--split {split!r}: must be one of {', '.join(SPLITS)} (they are disjoint)")
     if rows < 1:
         raise ConfigError(f"--rows must be at least 1, not {rows}")
-    rng = random.Random(f"{TASK_NAME}:{split}:{seed}")
+    stream = f"{TASK_NAME}:{split}:{seed}" if level == "easy" else f"{TASK_NAME}:{level}:{split}:{seed}"
+    rng = random.Random(stream)
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     for _ in range(rows * _DRAWS_PER_ROW):
-        problem = draw_problem(rng, spec)
+        problem = draw_problem(rng, spec) if level == "easy" else draw_chain(rng)
         if problem is None or problem.expression in seen or split_of(problem) != split:
             continue
         seen.add(problem.expression)
@@ -132,7 +141,8 @@ def make_rows(
         content = f"{question} {instruction}".strip()
         out.append(make_row(
             TASK_NAME, [{"role": "user", "content": content}], ABILITY, str(problem.result),
-            {"split": split, "index": len(out), "question": question, "answer": problem.worked_answer()},
+            {"split": split, "index": len(out), "question": question, "answer": problem.worked_answer(),
+             "level": level},
         ))
         if len(out) == rows:
             return out

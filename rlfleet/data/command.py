@@ -62,6 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--split", default="train", help="train or test: the two never share a problem (default train)"
     )
     arithmetic.add_argument(
+        "--level", default="easy", choices=("easy", "hard"),
+        help="easy: the options below (default); hard: 3-4 numbers of 3-4 digits, products and sums, "
+             "a task a calculator decides (the operand options do not apply)",
+    )
+    arithmetic.add_argument(
         "--operations", default="add,sub,mul", help="comma-separated subset of add,sub,mul (default all)"
     )
     arithmetic.add_argument("--min-operands", type=int, default=2, help="2 or 3 (default 2)")
@@ -140,9 +145,9 @@ def _arithmetic(args: argparse.Namespace) -> int:
         mul_max_value=args.mul_max_value,
     )
     instruction = convert.GSM8K_INSTRUCTION if args.instruction is None else args.instruction
-    rows = arithmetic.make_rows(args.rows, args.seed, args.split, spec, instruction)
+    rows = arithmetic.make_rows(args.rows, args.seed, args.split, spec, instruction, args.level)
     path = convert.write_rows(rows, args.output)
-    print(f"rlfleet: wrote {len(rows)} {args.split} rows ({arithmetic.TASK_NAME}) to {path}")
+    print(f"rlfleet: wrote {len(rows)} {args.split} rows ({arithmetic.TASK_NAME}, {args.level}) to {path}")
     return 0
 
 

@@ -124,3 +124,70 @@ def test_finish_reason_crosses_the_reward_proto():
     back = convert.score_items_from_proto(convert.score_items_to_proto(items))
     assert [i.finish_reason for i in back] == ["length", ""]
     assert back == items
+
+
+# ---- the hard level: chains a calculator decides ---------------------------------------------------
+def test_hard_chain_by_hand():
+    from rlfleet.data.arithmetic_hard import Chain
+
+    # (4821 + 376) * 1290 + 5512: the running sum is parenthesized before the product
+    chain = Chain((4821, 376, 1290, 5512), ("add", "mul", "add"))
+    assert chain.expression == "(4821 + 376) * 1290 + 5512"
+    # 4821 + 376 = 5197; 5197 * 1290 = 6704130; 6704130 + 5512 = 6709642
+    assert chain.worked_answer() == ("4821 + 376 = 5197\n5197 * 1290 = 6704130\n6704130 + 5512 = 6709642\n"
+                                     "#### 6709642")
+    assert Chain((120, 305, 999), ("mul", "add")).expression == "120 * 305 + 999"  # no parentheses needed
+    assert Chain((120, 305, 999), ("mul", "mul")).expression == "120 * 305 * 999"
+
+
+def test_hard_rows_are_products_and_sums_of_3_to_4_digit_numbers_in_gsm8k_format():
+    from environments.calculator import evaluate
+
+    rows = arithmetic.make_rows(300, seed=0, level="hard")
+    counts = set()
+    for row in rows:
+        info = row["extra_info"]
+        truth = row["reward_model"]["ground_truth"]
+        assert info["level"] == "hard" and row["data_source"] == "rlfleet/arithmetic"
+        lines = info["answer"].splitlines()
+        assert lines[-1] == f"#### {truth}"
+        symbols = [line.split()[1] for line in lines[:-1]]
+        assert "+" in symbols and 1 <= symbols.count("*") <= 2
+        counts.add(len(lines) - 1)
+        question = info["question"]  # "What is EXPR?", "Compute EXPR.", ...
+        expression = question[min(question.find(c) for c in "(123456789" if c in question):].rstrip("?.")
+        operands = [int(t) for t in expression.replace("(", " ").replace(")", " ").split() if t.isdigit()]
+        assert len(operands) == len(lines) and all(100 <= x <= 9999 for x in operands)
+        assert evaluate(expression) == int(truth)  # the calculator, given the question, gets it right
+        assert final_number.compute_score("rlfleet/arithmetic", info["answer"], truth) == 1.0
+    assert counts == {2, 3}  # 3 and 4 numbers
+    assert arithmetic.make_rows(300, seed=0, level="hard") == rows
+
+
+def test_hard_train_and_test_are_disjoint():
+    train = arithmetic.make_rows(2000, seed=0, split="train", level="hard")
+    test = arithmetic.make_rows(300, seed=0, split="test", level="hard")
+    train_q = {r["extra_info"]["answer"].splitlines()[0] + r["reward_model"]["ground_truth"] for r in train}
+    test_q = {r["extra_info"]["answer"].splitlines()[0] + r["reward_model"]["ground_truth"] for r in test}
+    assert len(test_q) == 300 and not train_q & test_q
+    assert all(arithmetic.split_of(_chain(r)) == "test" for r in test)
+    assert all(arithmetic.split_of(_chain(r)) == "train" for r in train)
+
+
+def _chain(row):
+    from rlfleet.data.arithmetic_hard import Chain
+
+    lines = row["extra_info"]["answer"].splitlines()[:-1]
+    operands = [int(lines[0].split()[0])] + [int(line.split()[2]) for line in lines]
+    operations = tuple("add" if line.split()[1] == "+" else "mul" for line in lines)
+    return Chain(tuple(operands), operations)
+
+
+def test_hard_level_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "hard.parquet"
+    assert main(["data", "arithmetic", "--level", "hard", "--rows", "5", "--output", str(out)]) == 0
+    assert "5 train rows (rlfleet/arithmetic, hard)" in capsys.readouterr().out
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["level"] for r in rows] == ["hard"] * 5
+    with pytest.raises(SystemExit):
+        main(["data", "arithmetic", "--level", "medium", "--output", str(out)])
