@@ -60,7 +60,7 @@ def sft_samples(examples: list[SftExample], version: int) -> list[TrainSample]:
     """Train samples whose loss under `nll` is the responses' cross-entropy (behaviour log-probs unused)."""
     return [TrainSample(prompt_ids=e.prompt_ids, response_ids=e.response_ids,
                         behaviour_logprobs=[0.0] * len(e.response_ids), advantage=1.0,
-                        generation_version=version) for e in examples]
+                        generation_version=version, loss_mask=e.response_mask) for e in examples]
 
 
 def progress_line(m: dict[str, Any], max_steps: int) -> str:

@@ -10,6 +10,11 @@ generation (`render_prompt`, with the generation prompt), and the response token
 template appends for the assistant turn, up to and including the first end-of-turn token: the
 rollout stops generating there, so that is where the model must learn to stop. Loss is taken on
 the response tokens only. A tokenizer without a chat template gets the response text plus EOS.
+
+A row with a `messages` column (`messages_key`) is a multi-turn conversation instead (OpenAI
+messages with tool calls and tool results, and the tools offered in a `tools` column: what `rlfleet
+data traces` writes, verl's multi-turn SFT and TRL's messages+tools data sets): rendered as the
+agent loop renders an episode (rlfleet/data/conversation.py), loss on the assistant turns only.
 """
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ from rlfleet.errors import DataError
 class SftExample:
     index: int  # row in the data set (rows of the files in order)
     prompt_ids: list[int]
-    response_ids: list[int]  # loss is taken on these
+    response_ids: list[int]  # loss is taken on these (where response_mask is 1)
+    # per response token, 0: shown to the model (a tool result), not trained on; None: all 1
+    response_mask: list[int] | None = None
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -91,15 +98,31 @@ def tokenize_pair(tokenizer: Any, prompt: Any, response: str,
 
 
 def load_examples(files: list[Path], tokenizer: Any, prompt_key: str, response_key: str,
-                  max_length: int, eos_ids: list[int] | None = None) -> tuple[list[SftExample], int]:
+                  max_length: int, eos_ids: list[int] | None = None, messages_key: str = "messages",
+                  tools_key: str = "tools") -> tuple[list[SftExample], int]:
     """Every usable row as an example, and how many were left out for being longer than
-    `max_length` tokens (prompt + response; never truncated)."""
+    `max_length` tokens (prompt + response; never truncated). A row with `messages_key` is a
+    conversation (its tools in `tools_key`), any other a (prompt, response) pair."""
     eos = _eos_ids(tokenizer, eos_ids)
     examples: list[SftExample] = []
     too_long = offset = 0
+    conversations = None
     for path in files:
         rows = read_rows(path)
         for i, row in enumerate(rows):
+            if row.get(messages_key) is not None:
+                if conversations is None:
+                    from rlfleet.data.conversation import ConversationRenderer
+
+                    conversations = ConversationRenderer(tokenizer, eos)
+                rendered = conversations.render(row[messages_key], row.get(tools_key),
+                                                f"SFT data file {path}, row {i}")
+                if len(rendered.prompt_ids) + len(rendered.response_ids) > max_length:
+                    too_long += 1
+                    continue
+                examples.append(SftExample(offset + i, rendered.prompt_ids, rendered.response_ids,
+                                           rendered.response_mask))
+                continue
             values = []
             for key, option in ((prompt_key, "--prompt-key"), (response_key, "--response-key")):
                 try:
