@@ -127,6 +127,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,
                             security=_security_of(args.config, args.run_dir))
     elif args.command == "data":
+        if args.kind == "traces":  # plays an environment: the composition root's
+            from rlfleet.app import traces_command
+
+            return traces_command.run(args)
         return data_command.run(args)
     elif args.command == "eval":
         return eval_command.run(args)

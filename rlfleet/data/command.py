@@ -1,4 +1,5 @@
-"""`rlfleet data gsm8k|jsonl|digits-reverse|arithmetic|reasoning-gym`: Parquet files in the verl schema."""
+"""`rlfleet data gsm8k|jsonl|digits-reverse|arithmetic|reasoning-gym|traces`: Parquet files in the verl
+schema (traces: conversations with tool calls, played by rlfleet/app/traces_command.py)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="train or test: the two never share a question (default train)")
     rg.add_argument("--instruction", default=None,
                     help="text appended to each question (default: answer between <answer> tags; '' none)")
+    traces = kinds.add_parser(
+        "traces",
+        help="tool-use traces for a warm start (rlfleet sft): a task worked with an environment's tool, "
+             "every result from the environment server",
+    )
+    _traces_arguments(traces)
 
 
 def _reasoning_gym(args: argparse.Namespace) -> int:
@@ -111,6 +118,29 @@ def _reasoning_gym(args: argparse.Namespace) -> int:
     path = convert.write_rows(rows, args.output)
     print(f"rlfleet: wrote {len(rows)} {args.split} rows ({', '.join(tasks)}) to {path}")
     return 0
+
+
+
+def _traces_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--env", help="environment to serve here for the command: a built-in (calculator) "
+                                     "or pkg.module:Class")
+    where.add_argument("--env-address", help="HOST:PORT of a running environment server")
+    p.add_argument("--task", default="arithmetic", choices=("arithmetic",),
+                   help="the task whose rows are worked")
+    p.add_argument("--level", default="easy", choices=("easy", "hard"),
+                   help="arithmetic level (default easy)")
+    p.add_argument("--rows", type=int, default=2000, help="task rows to work (default 2000); the wrong "
+                   "ones are dropped, so the file may hold fewer")
+    p.add_argument("--seed", type=int, default=0, help="seed of the rows drawn (default 0)")
+    p.add_argument("--output", "-o", required=True, help="Parquet file to write")
+    p.add_argument("--instruction", default=None,
+                   help="text appended to each question (default: the task's '####' line; '' for none)")
+    p.add_argument("--tools-in-prompt", default="auto", choices=("auto", "false"),
+                   help="auto: the tools go in the `tools` column, so that SFT puts them into the prompt "
+                        "as the rollout does (env.tools_in_prompt=auto); false: left out, for a job with "
+                        "env.tools_in_prompt=false")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="deadline of each environment call")
 
 
 def _length_filter(rows: list[dict], args: argparse.Namespace) -> tuple[list[dict], str]:
