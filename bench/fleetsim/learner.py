@@ -1,0 +1,97 @@
+"""A simulated learner behind the real LearnerServicer: training takes tokens / rate, a push takes
+the modelled broadcast's time (bench/fleetsim/gpu_model.py).
+
+The learner core has no abstract interface of its own (services/learner/learner.py's Learner is
+concrete); SimLearner offers the attributes and methods LearnerServicer calls on it. Train keeps
+the real idempotence (services/learner/step_results.py) and version check. While the file
+`<out>/learner.pause` exists, Train waits (the churn run's "learner paused for 30 s").
+
+    python -m bench.fleetsim.learner CONFIG OUT_DIR TOKENS_PER_S   (a process of its own)
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rlfleet.errors import VersionMismatch
+from rlfleet.types import TrainBatch, TrainResult
+from services.learner.step_results import StepResults
+from bench.fleetsim.gpu_model import GpuModel
+
+
+class SimLearner:
+    def __init__(self, model: GpuModel, tokens_per_s: float, out_dir: Path):
+        self.gpu, self.tokens_per_s = model, tokens_per_s
+        self.out_dir = out_dir
+        self.checkpoint_dir = out_dir / "checkpoints"
+        self.version, self.step = 0, 0
+        self.step_results = StepResults()
+        self._world_size = 1
+        self._lock = threading.Lock()
+        self._log = open(out_dir / "learner.jsonl", "a", buffering=1)  # noqa: SIM115 - for the process
+
+    def train(self, batch: TrainBatch) -> TrainResult:
+        arrived = time.time()
+        with self._lock:
+            repeat = self.step_results.lookup(batch)
+            if repeat is not None:
+                return repeat
+            if batch.expected_version >= 0 and batch.expected_version != self.version:
+                raise VersionMismatch(f"train step {batch.step} expected policy version "
+                                      f"{batch.expected_version}, learner is at {self.version}")
+            while (self.out_dir / "learner.pause").exists():
+                time.sleep(0.05)
+            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.samples)
+            seconds = tokens / self.tokens_per_s * self.gpu.slowdown
+            time.sleep(seconds)
+            self.version += 1
+            self.step = batch.step
+            metrics = {"actor/pg_loss": 0.0, "actor/entropy": 0.0, "actor/grad_norm": 0.0, "actor/lr": 0.0,
+                       "actor/pg_clipfrac": 0.0, "learner/tokens": float(tokens),
+                       "timing/learner_step_s": seconds}
+            result = TrainResult(policy_version=self.version, metrics=metrics)
+            self.step_results.record(batch, result)
+            self._log.write(json.dumps({"step": batch.step, "arrived": arrived, "done": time.time(),
+                                        "samples": len(batch.samples), "tokens": tokens}) + "\n")
+            return result
+
+    def open_weight_group(self, world_size: int, host: str, timeout_s: float, token: str | None = None,
+                          members: list[str] | None = None) -> tuple[str, str]:
+        self._world_size = world_size
+        return f"sim:{world_size}", "nccl"
+
+    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+        with self._lock:
+            if version != self.version:
+                raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
+            start = time.perf_counter()
+            time.sleep(self.gpu.broadcast_s(self._world_size))
+            return {"bytes": self.gpu.link.bytes, "seconds": time.perf_counter() - start}
+
+    def save_checkpoint(self, step: int) -> Path:
+        path = self.checkpoint_dir / f"step_{step}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def main() -> None:
+    from rlfleet.config import load_config
+    from rlfleet.proto.v1 import learner_pb2_grpc
+    from rlfleet.rpc.service_main import run_service
+    from services.learner.servicer import SERVICE_NAME, LearnerServicer
+    from bench.fleetsim.engine import GPU_ENV
+    import os
+
+    config, out_dir, tokens_per_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+    cfg = load_config(config)
+    gpu = GpuModel(**json.loads(os.environ.get(GPU_ENV) or "{}"))
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits)
+    run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
+                servicer, lambda: servicer.attach(SimLearner(gpu, tokens_per_s, out_dir)), uses_torch=False)
+
+
+if __name__ == "__main__":
+    main()

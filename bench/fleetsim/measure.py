@@ -1,0 +1,83 @@
+"""What a simulator run measured, from its files: the controller's journal, the learner's step log,
+the replica hosts' engine logs and the controller's CPU and memory samples (bench/fleet_sim.py)."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from controller.journal import audit, read_journal
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[float, float],
+            rss_mb: list[float], ideal_per_replica: float, staleness: int) -> dict:
+    t0, t1 = window
+    events = read_journal(run_dir / "journal" / "prompts.jsonl")
+    trained = [e for e in events if e["event"] == "trained"]
+    scored = {e["seq"]: e["t"] for e in events if e["event"] == "scored"}
+    in_window = [e for e in trained if t0 <= e["t"] <= t1]
+    steps = [json.loads(line) for line in (out / "learner.jsonl").read_text().splitlines() if line]
+    arrived = {s["step"]: s["arrived"] for s in steps}
+    hosts = [json.loads(p.read_text()) for p in sorted(out.glob("host-*.json"))]
+    replicas = [r for h in hosts for r in h["replicas"]]
+    sent: dict[int, float] = {}
+    lag = []
+    for r in replicas:
+        for seq, due, when, _version in r["sent"]:
+            sent[seq] = when
+            lag.append(when - due)
+    to_buffer = [scored[s] - sent[s] for s in sent if s in scored and t0 <= sent[s] <= t1]
+    to_batch = [arrived[e["step"]] - sent[e["seq"]] for e in in_window
+                if e["step"] in arrived and e["seq"] in sent]
+    # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
+    idle, alive_total, ideal = [], 0.0, 0.0
+    for r in replicas:
+        start, end = max(r["started"], t0), min(r["ended"] or t1, t1)
+        if end - start < 1.0:
+            continue
+        busy = sum(_overlap(a, b, start, end) for a, b in r["busy"])
+        idle.append(1 - busy / (end - start))
+        alive_total += end - start
+        ideal += (end - start) * ideal_per_replica / r["factor"]
+    groups = len(in_window)
+    span = t1 - t0
+    found = audit(run_dir / "journal" / "prompts.jsonl")
+    ages = Counter(e["version"] - e["generation_version"] for e in trained)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    sync = [m["timing/weight_sync_s"] for m in metrics if "timing/weight_sync_s" in m]
+    return {
+        "window_s": span, "groups": groups, "groups_per_s": groups / span,
+        "ideal_groups_per_s": ideal / span, "fraction_of_ideal": groups / ideal if ideal else float("nan"),
+        "controller_cpu_s": cpu[1] - cpu[0],
+        "controller_cpu_ms_per_group": 1000 * (cpu[1] - cpu[0]) / max(1, groups),
+        "controller_cpu_share": (cpu[1] - cpu[0]) / span,
+        "controller_rss_mb_max": max(rss_mb) if rss_mb else float("nan"),
+        "controller_rss_mb_last": rss_mb[-1] if rss_mb else float("nan"),
+        "to_buffer_ms_p50": 1000 * percentile(to_buffer, 50),
+        "to_buffer_ms_p99": 1000 * percentile(to_buffer, 99),
+        "to_batch_ms_p50": 1000 * percentile(to_batch, 50),
+        "to_batch_ms_p99": 1000 * percentile(to_batch, 99),
+        "staleness_hist": {str(k): v for k, v in sorted(ages.items())},
+        "staleness_max": max(ages) if ages else 0, "staleness_bound": staleness,
+        "idle_mean": sum(idle) / len(idle) if idle else float("nan"),
+        "idle_p90": percentile(idle, 90),
+        "replicas_seen": len(replicas), "replica_seconds": alive_total,
+        "host_lag_ms_p50": 1000 * percentile(lag, 50), "host_lag_ms_p99": 1000 * percentile(lag, 99),
+        "host_cpu_share": [h["cpu_s"] / h["wall_s"] for h in hosts],
+        "weight_sync_s_p50": percentile(sync, 50), "weight_sync_s_max": max(sync) if sync else float("nan"),
+        "steps": len(metrics), "lost": found.lost, "trained_twice": found.trained_twice,
+        "dropped": dict(Counter(found.dropped.values())),
+        "killed": sum(r["fate"] == "killed" for r in replicas),
+        "joined_late": sum(r["started"] > t0 for r in replicas),
+    }

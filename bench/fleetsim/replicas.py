@@ -1,0 +1,113 @@
+"""One process hosting many simulated rollout replicas, each a real gRPC server of its own.
+
+Each replica is what `rlfleet serve rollout --join` builds: the real RolloutServicer over an engine
+made by the engine registry (`rollout.backend=sim`), on its own ServiceServer (own port, health,
+reflection, interceptors), joined to the controller with the real Join RPC
+(rlfleet.app.fleet_member.FleetMembership). Many replicas share one process so that N = 256 fits
+on a small machine; the process's own lag is measured (each group's send time against the time the
+modelled GPU finished it) to show it is not the bottleneck.
+
+Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `kill NAME` (the
+server stops at once, no Leave: a crash as the controller sees it), `drain NAME` (Leave, then stop),
+`stop` (writes <out>/host-<id>.json and exits).
+
+    python -m bench.fleetsim.replicas CONFIG CONTROLLER OUT_DIR HOST_ID
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rlfleet.config import load_config
+from rlfleet.extensions import ROLLOUT_ENGINES
+from rlfleet.models.resolve import resolve_model_path
+from rlfleet.proto.v1 import rollout_pb2_grpc
+from rlfleet.rpc.security import Security
+from rlfleet.rpc.server import ServiceServer
+from rlfleet.app.fleet_member import FleetMembership
+from services.rollout.servicer import SERVICE_NAME, RolloutServicer
+
+
+class Replica:
+    def __init__(self, name: str, cfg, security: Security, controller: str, factor: float, seed: int):
+        self.name, self.cfg, self.security, self.controller = name, cfg, security, controller
+        model_dir = resolve_model_path(cfg.model.path)
+        self.engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(model_dir, "sim", None, cfg.rollout, seed)
+        self.engine.factor = factor
+        self.servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
+        self.servicer.attach(self.engine)
+        self.server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=4, security=security)
+        self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server, self.servicer)
+        self.server.start()
+        self.server.mark_serving()
+        self.member = FleetMembership(controller, security, name, model_dir, cfg.controller.service_wait_s)
+        self.started, self.ended = time.time(), 0.0
+        self.fate = "live"
+        self.member.join(self.server.address)
+
+    def kill(self) -> None:
+        self.fate, self.ended = "killed", time.time()
+        self.engine.close()
+        self.server.stop(grace_s=0)
+        self.member.close()
+
+    def drain(self) -> None:
+        self.fate = "drained"
+        self.member.leave("drained", timeout_s=30)
+        self.ended = time.time()
+        self.engine.close()
+        self.server.stop(grace_s=0)
+        self.member.close()
+
+    def stop(self) -> None:
+        if self.fate == "live":
+            self.ended = time.time()
+            self.engine.close()
+            self.server.stop(grace_s=0)
+            self.member.close()
+
+    def log(self) -> dict:
+        return {"name": self.name, "address": self.server.address, "started": self.started,
+                "ended": self.ended, "fate": self.fate, **self.engine.log()}
+
+
+def main() -> None:
+    config, controller, out_dir, host_id = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    cfg = load_config(config)
+    security = Security.from_config(cfg.security, cfg.limits)
+    replicas: dict[str, Replica] = {}
+    cpu0, wall0 = time.process_time(), time.time()
+    pool = ThreadPoolExecutor(max_workers=8)  # joins and drains block on the controller
+    lock = threading.Lock()
+
+    def join(name: str, factor: float) -> None:
+        replica = Replica(name, cfg, security, controller, factor, seed=hash(name) % 10_000)
+        with lock:
+            replicas[name] = replica
+
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "join":
+            pool.submit(join, words[1], float(words[2]) if len(words) > 2 else 1.0)
+        elif words[0] == "kill" and words[1] in replicas:
+            replicas[words[1]].kill()
+        elif words[0] == "drain" and words[1] in replicas:
+            pool.submit(replicas[words[1]].drain)
+        elif words[0] == "stop":
+            break
+    pool.shutdown(wait=True)
+    cpu, wall = time.process_time() - cpu0, time.time() - wall0
+    for replica in replicas.values():
+        replica.stop()
+    (out_dir / f"host-{host_id}.json").write_text(json.dumps(
+        {"host": host_id, "cpu_s": cpu, "wall_s": wall, "replicas": [r.log() for r in replicas.values()]}))
+
+
+if __name__ == "__main__":
+    main()
