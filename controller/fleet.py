@@ -44,6 +44,7 @@ class Member:
     since: float = field(default_factory=time.time)
     groups: int = 0  # groups it generated in this run
     misses: int = 0  # heartbeats in a row it did not answer
+    heard: float = 0.0  # time.monotonic() when it last showed it is alive (a group, a status answer)
     idle: threading.Event = field(default_factory=threading.Event)  # its generation thread ended
     gone: threading.Event = field(default_factory=threading.Event)  # out of the run
     finished: int = 0  # groups it finished while leaving
@@ -239,16 +240,25 @@ class Fleet:
         self.on_change()
 
     # ---- noticing the dead --------------------------------------------------------------------
+    @staticmethod
+    def heard_from(member: Member) -> None:
+        """`member` just showed it is alive (its stream delivered a group): the next heartbeat skips it."""
+        member.heard, member.misses = time.monotonic(), 0
+
     def check(self) -> list[Member]:
-        """One heartbeat: a joined member that missed `max_misses` in a row is removed (its stream is
-        cut, so its groups are re-queued). Returns those removed."""
+        """One heartbeat: a joined member not heard from within the last `heartbeat_s` is asked for its
+        status (a member streaming groups is not: one status call per member per second cost a
+        256-replica controller ~0.3 cores, issue 34); one that missed `max_misses` in a row is removed
+        (its stream is cut, so its groups are re-queued). Returns those removed."""
         dead = []
         for member in self.members():
             if not member.joined or member.gone.is_set():
                 continue
+            if time.monotonic() - member.heard < self.heartbeat_s:
+                continue
             try:
                 member.client.status(timeout_s=self.heartbeat_timeout_s)
-                member.misses = 0
+                self.heard_from(member)
             except RlfleetError:
                 member.misses += 1
                 if member.misses >= self.max_misses:

@@ -122,6 +122,7 @@ class GenerationSide:
                 try:
                     for group in rollout.generate(requests, params):
                         seq, prompt = pending.pop(group.request_id)
+                        self.fleet.heard_from(member)
                         member.groups += 1
                         member.finished += member.state == LEAVING
                         self._note("generated", seq=seq,
