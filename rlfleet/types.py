@@ -58,6 +58,8 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class Completion:
+    # Lists where an engine made them; received over gRPC, the message's own sequences (read-only
+    # by convention: rlfleet.rpc.convert.completion_from_proto)
     token_ids: list[int]
     logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
     finish_reason: str  # "stop" (eos or stop string) or "length"

@@ -89,7 +89,10 @@ def completion_to_proto(c: t.Completion) -> common_pb2.Completion:
 
 
 def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
-    return t.Completion(token_ids=list(msg.token_ids), logprobs=list(msg.logprobs),
+    # The token payloads stay the message's own (read-only) sequences: the controller only passes them
+    # on to the learner's TrainRequest, which copies them in C; turning each into a Python list and
+    # back cost ~90 us per 300-token sample, a third of the controller's CPU per group (issue 34).
+    return t.Completion(token_ids=msg.token_ids, logprobs=msg.logprobs,
                         finish_reason=msg.finish_reason, policy_version=msg.policy_version, text=msg.text,
                         last_policy_version=msg.last_policy_version,
                         loss_mask=list(msg.loss_mask) if msg.loss_mask else None,
