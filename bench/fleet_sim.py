@@ -109,7 +109,7 @@ class Sim:
     def config(self) -> Path:
         a = self.args
         self.ports = {r: free_port() for r in ("reward", "learner", "controller")}
-        batch = a.batch or max(32, a.replicas * a.prompts_per_request // 2)
+        batch = a.batch or max(32, a.replicas * a.prompts_per_request)
         self.batch = batch
         cfg = {
             "run": {"output_dir": str(self.out), "name": "run", "threads_per_service": 1,
@@ -190,10 +190,11 @@ class Sim:
             time.sleep(0.5)
         time.sleep(a.warmup)
         t0, cpu0, rss = time.time(), _cpu_s(controller.pid), []
+        others0 = {name: _cpu_s(p.pid) for name, p in self.procs.items() if name != "controller"}
         profile = None
         if a.profile:
             profile = subprocess.Popen([a.profile, "record", "-p", str(controller.pid), "-d",
-                                        str(int(a.seconds)), "-r", "50", "-f", "raw", "-o",
+                                        str(int(a.seconds)), "-r", "200", "--gil", "-f", "raw", "-o",
                                         str(self.out / "profile.txt"), "--nonblocking"],
                                        stdout=subprocess.DEVNULL,
                                        stderr=open(self.out / "logs" / "pyspy.err", "w"))  # noqa: SIM115
@@ -215,6 +216,8 @@ class Sim:
                 (self.out / "learner.pause").unlink(missing_ok=True)
             time.sleep(0.2)
         t1, cpu1 = time.time(), _cpu_s(controller.pid)
+        self.cpu_share = {name: round((_cpu_s(self.procs[name].pid) - c0) / (t1 - t0), 3)
+                          for name, c0 in others0.items() if self.procs[name].poll() is None}
         rss.append(_rss_mb(controller.pid))
         if profile is not None:
             profile.wait(timeout=60)
@@ -246,7 +249,8 @@ class Sim:
                       slowdown=self.slowdown, batch=self.batch,
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
-                      controller_exit=controller.returncode, load_avg=os.getloadavg())
+                      controller_exit=controller.returncode, load_avg=os.getloadavg(),
+                      cpu_share_others=self.cpu_share)
         (self.out / "result.json").write_text(json.dumps(result, indent=1))
         return result
 
@@ -268,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-host", type=int, default=64, help="replicas per host process")
     p.add_argument("--prompts-per-request", type=int, default=8)
     p.add_argument("--batch", type=int, default=0, 
-                   help="prompts_per_step (default: N x prompts_per_request / 2)")
+                   help="prompts_per_step (default: N x prompts_per_request)")
     p.add_argument("--max-new-tokens", type=int, default=428)
     p.add_argument("--learner-tok-s", type=float, default=8e6,
                    help="simulated learner speed (default ~108 H200s at our measured 74.7k tok/s)")
