@@ -342,11 +342,16 @@ def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None
     """The environment outage tracker, probing the environment server's health (None without one)."""
     if not cfg.env.address:
         return None
+    note_change = lambda state, fields: note("env_outage" if state == "outage" else "env_back", **fields)  # noqa: E731
+    if cfg.env.kind == "openenv":  # an OpenEnv server's health is its GET /health
+        from rlfleet.rpc.openenv_wire import endpoint_of, healthy
+
+        endpoint = endpoint_of(cfg.env.address)
+        return EnvOutage(cfg.env.max_outage_s, probe=lambda: healthy(endpoint), on_change=note_change)
     from rlfleet.rpc.channel import health_status, open_channel
     from rlfleet.rpc.security import Security
 
     # health needs no token, but a server with TLS answers only a TLS channel
     channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits))
     return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
-                     on_change=lambda state, fields: note("env_outage" if state == "outage" else "env_back",
-                                                          **fields))
+                     on_change=note_change)

@@ -126,8 +126,15 @@ class EnvConfig(Section):
     name: str | None = Field(None, description="a built-in environment (calculator, python, digits_game) or "
                              "pkg.module:Class that `rlfleet run` serves in a process of its own; null: none "
                              "(or env.address)")
-    address: str | None = Field(None, description="host:port of a running environment server "
-                                "(rlfleet.v1.Environment, any language); set, every sample is an episode")
+    kind: Literal["grpc", "openenv"] = Field(
+        "grpc", description="the environment's transport: grpc (rlfleet.v1.Environment, any language) or "
+        "openenv (an OpenEnv HTTP/WebSocket server, one session per episode; needs rlfleet[envs])")
+    address: str | None = Field(None, description="the running environment server, set: every sample is "
+                                "an episode. grpc: host:port; openenv: http://host:port or ws://host:port")
+    reward: Literal["sum", "last", "service"] | None = Field(
+        None, description="env.kind=openenv: the episode's reward is the sum of its steps' rewards, the last "
+        "one given, or service (the reward service scores the final turn); null: sum. gRPC environments "
+        "give the episode's reward themselves (the last one given)")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of env.name's "
                                    "constructor, e.g. {max_tries: 3}")
     port: int = Field(0, ge=0, le=65535, description="port `rlfleet run`, `rlfleet eval` and `rlfleet env "
@@ -150,6 +157,24 @@ class EnvConfig(Section):
     @property
     def enabled(self) -> bool:
         return bool(self.name or self.address)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "EnvConfig":
+        web = (self.address or "").split("://", 1)[0] in ("http", "https", "ws", "wss")
+        if self.kind == "grpc" and web:
+            raise ValueError(f"env.address={self.address!r} is a web address: an OpenEnv server needs "
+                             "env.kind=openenv (a gRPC environment is host:port)")
+        if self.kind == "openenv" and self.name:
+            raise ValueError(f"env.name={self.name!r} is served over gRPC by rlfleet; env.kind=openenv "
+                             "reaches a running OpenEnv server at env.address instead")
+        if self.kind == "grpc" and self.reward not in (None, "last"):
+            raise ValueError(f"env.reward={self.reward} applies to env.kind=openenv; a gRPC environment "
+                             "gives the episode's reward itself (leave env.reward unset)")
+        return self
+
+    @property
+    def reward_mode(self) -> str:
+        return self.reward or ("sum" if self.kind == "openenv" else "last")
 
 
 class RewardConfig(ServiceEndpointConfig):

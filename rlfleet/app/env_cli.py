@@ -11,7 +11,8 @@ def add_env_parser(sub: argparse._SubParsersAction) -> None:
     check = commands.add_parser("check", help="exercise an environment server (health, episodes, batching, "
                                 "deadlines, malformed requests) and print a pass/fail table; exit 1 on any "
                                 "failure")
-    check.add_argument("address", help="HOST:PORT of the environment server")
+    check.add_argument("address", help="HOST:PORT of an rlfleet.v1.Environment server, or http://HOST:PORT "
+                       "(ws://…) of an OpenEnv server (env.kind=openenv)")
     check.add_argument("--timeout", type=float, default=10.0, help="deadline of one call, seconds")
     check.add_argument("--row", default=None, metavar="JSON",
                        help='the data row episodes start from {"data_source", "prompt", "ground_truth", '
@@ -32,6 +33,15 @@ def run_env_command(args: argparse.Namespace) -> int:
         serve_from_args(args)
         return 0
     from rlfleet.app.env_check import FAIL, check_server, format_table, parse_row
+    from rlfleet.app.openenv_check import is_openenv_address
+
+    if is_openenv_address(args.address):
+        from rlfleet.app import openenv_check
+
+        checks = openenv_check.check_server(args.address, args.timeout, parse_row(args.row),
+                                            args.action or None)
+        print(openenv_check.format_table(args.address, checks), flush=True)
+        return 1 if any(c.result == FAIL for c in checks) else 0
     security = None
     if args.config:
         from rlfleet.config import load_config

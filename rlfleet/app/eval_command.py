@@ -156,6 +156,12 @@ def environment_address(cfg, security) -> Iterator[str]:
     from rlfleet.rpc.channel import wait_until_serving
 
     env = cfg.env
+    if env.address and env.kind == "openenv":
+        from rlfleet.rpc.openenv_wire import wait_until_healthy
+
+        wait_until_healthy(env.address, cfg.controller.connect_timeout_s)
+        yield env.address
+        return
     if env.address:
         wait_until_serving(env.address, "environment", cfg.controller.connect_timeout_s,
                            security=security).close()

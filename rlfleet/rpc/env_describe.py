@@ -52,7 +52,13 @@ def job_tool_prompt(env: EnvConfig, connect_timeout_s: float, tokenizer: Any,
             raise ConfigError(f"env.tools_in_prompt=true needs the environment's address to ask its tools: "
                               f"env.name={env.name!r} without env.address")
         return None
-    specs = describe_tools(env.address, env.timeout_s, connect_timeout_s, security, alive)
+    if env.kind == "openenv":  # the action schema's tool, or the MCP tools; none for a text action
+        from rlfleet.rpc.openenv_wire import fetch_action_spec, wait_until_healthy
+
+        spec = fetch_action_spec(wait_until_healthy(env.address, connect_timeout_s, alive), env.timeout_s)
+        specs: tuple[ToolSpec, ...] | None = spec.tools or None
+    else:
+        specs = describe_tools(env.address, env.timeout_s, connect_timeout_s, security, alive)
     tool_prompt = choose_tool_prompt(env.tools_in_prompt, specs, tokenizer, env.address)
     if tool_prompt is not None:
         log.info("environment tools in the prompts", tools=tool_prompt.summary())

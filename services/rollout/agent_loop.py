@@ -35,6 +35,7 @@ from rlfleet.rpc.security import Security
 from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine
 from services.rollout.env_client import EnvClient
+from services.rollout.env_transport import build_env_client
 
 log = structlog.get_logger(__name__)
 
@@ -169,5 +170,5 @@ def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig,
     if tokenizer is None or max_context is None:
         raise ConfigError(f"rollout.backend={rollout.backend} exposes no tokenizer or context length: it "
                           "cannot run multi-turn episodes (env.*)")
-    client = EnvClient(env.address, env.timeout_s, env.batch_size, env.max_concurrency, security)
+    client = build_env_client(env, security)  # by env.kind: gRPC or OpenEnv
     return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context)
