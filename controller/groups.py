@@ -41,10 +41,16 @@ class ScoredGroup:
         if len(rewards) != len(kept):
             raise ValueError(f"{len(rewards)} rewards for {len(kept)} scored completions")
         advantages = (estimator(rewards) if estimator else group_advantages(rewards)) if kept else []
-        return [TrainSample(prompt_ids=self.prompt.prompt_ids, response_ids=c.token_ids,
+        return [TrainSample(prompt_ids=context_prompt(self.prompt.prompt_ids, c), response_ids=c.token_ids,
                             behaviour_logprobs=c.logprobs, advantage=float(a),
                             generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask)
                 for (c, _), a, r in zip(kept, advantages, rewards) if c.token_ids]
+
+
+def context_prompt(prompt_ids: list[int], c: Completion) -> list[int]:
+    """The prompt tokens the completion follows: all of them, less the episode's trim (an opening
+    observation replaced the generation prompt)."""
+    return prompt_ids[:len(prompt_ids) - c.prompt_trim] if c.prompt_trim else prompt_ids
 
 
 def score_items(prompt: Prompt, completions: list[Completion], request_id: str) -> list[ScoreItem]:

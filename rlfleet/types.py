@@ -74,6 +74,10 @@ class Completion:
     env_failure: str = ""  # why the episode failed, by cause (unavailable, timeout, invalid_reply, …)
     env_error: str = ""  # the failure in words, naming the episode
     opening_tokens: int = 0  # observation tokens before the first turn
+    # Prompt tokens the episode's context dropped from the prompt's end (its generation prompt, which an
+    # opening observation re-adds after itself): the context is prompt_ids[:len - prompt_trim] + token_ids.
+    prompt_trim: int = 0
+    env_metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics, episode means
 
     @property
     def failed(self) -> bool:

@@ -147,7 +147,7 @@ class EnvContractChecker(ServerChecker):
         episodes = self.starts(2)
         ids = [e.episode_id for e in episodes]
         self.well_formed(ids, self.start(episodes))
-        detail = self.well_formed(ids, self.end(ids, "token_budget"))
+        detail = self.well_formed(ids, self.end(ids, "length"))
         again = self.end(ids[:1])
         self.well_formed(ids[:1], again, require_ok=False)
         if again.results[0].ok:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from rlfleet.env.types import StepResult
+from rlfleet.env.types import END_FAILED, END_LENGTH, END_MAX_TURNS, StepResult
 from rlfleet.types import Completion, TurnRecord
 
-DONE, MAX_TURNS, TOKEN_BUDGET, FAILED = "stop", "max_turns", "length", "failed"
+# How an episode ends (Completion.finish_reason); the two the rollout stops are End's reasons too.
+DONE, MAX_TURNS, TOKEN_BUDGET, FAILED = "stop", END_MAX_TURNS, END_LENGTH, END_FAILED
 
 
 @dataclass
@@ -35,6 +36,9 @@ class Episode:
     failure: str = ""
     error: str = ""
     text_parts: list[str] = field(default_factory=list)
+    prompt_trim: int = 0  # prompt tokens the context dropped (an opening observation replaced them)
+    metric_sums: dict[str, float] = field(default_factory=dict)  # the environment's metrics, summed
+    metric_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -43,7 +47,13 @@ class Episode:
     @property
     def context_ids(self) -> list[int]:
         """What the next turn is generated from."""
-        return self.prompt_ids + self.token_ids
+        return self.prompt_ids[:len(self.prompt_ids) - self.prompt_trim] + self.token_ids
+
+    def record_metrics(self, metrics: dict[str, float]) -> None:
+        """The environment's StepResult.metrics of one answer (Start, Step or End): averaged per name."""
+        for name, value in metrics.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + float(value)
+            self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
 
     @property
     def room(self) -> int:
@@ -102,4 +112,7 @@ class Episode:
                           finish_reason=self.finish_reason or FAILED, policy_version=min(versions),
                           text="".join(self.text_parts), last_policy_version=max(last_versions),
                           loss_mask=list(self.loss_mask), turns=tuple(self.turns), env_reward=self.env_reward,
-                          env_failure=self.failure, env_error=self.error, opening_tokens=self.opening_tokens)
+                          env_failure=self.failure, env_error=self.error, opening_tokens=self.opening_tokens,
+                          prompt_trim=self.prompt_trim,
+                          env_metrics={name: total / self.metric_counts[name]
+                                       for name, total in self.metric_sums.items()})

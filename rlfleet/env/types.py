@@ -8,6 +8,14 @@ from typing import Any
 UNAVAILABLE, TIMEOUT, INVALID_REPLY, EPISODE_ERROR, RPC_ERROR = (
     "unavailable", "timeout", "invalid_reply", "episode_error", "rpc_error")
 FAILURE_CAUSES = (UNAVAILABLE, TIMEOUT, INVALID_REPLY, EPISODE_ERROR, RPC_ERROR)
+#: causes whose call failed as a whole: the server may still hold the episode (it gets End(failed))
+CALL_FAILURES = (UNAVAILABLE, TIMEOUT, INVALID_REPLY, RPC_ERROR)
+
+#: End's reasons (EndRequest.reason, environment.proto): rollout.max_turns reached; the token budget
+#: (rollout.max_episode_tokens, the context) has no room for another turn; a call for the episode
+#: failed (best effort); the rollout gave the episode up (a failed generation, a cancelled request)
+END_MAX_TURNS, END_LENGTH, END_FAILED, END_ABORTED = "max_turns", "length", "failed", "aborted"
+END_REASONS = (END_MAX_TURNS, END_LENGTH, END_FAILED, END_ABORTED)
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,8 @@ def completion_to_proto(c: t.Completion) -> common_pb2.Completion:
                                  last_policy_version=max(c.last_policy_version, c.policy_version),
                                  loss_mask=c.loss_mask or [], turns=[turn_to_proto(r) for r in c.turns],
                                  env_reward=c.env_reward, env_failure=c.env_failure, env_error=c.env_error,
-                                 opening_tokens=c.opening_tokens)
+                                 opening_tokens=c.opening_tokens, prompt_trim=c.prompt_trim,
+                                 env_metrics=c.env_metrics)
 
 
 def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
@@ -99,7 +100,8 @@ def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
                         turns=tuple(turn_from_proto(r) for r in msg.turns),
                         env_reward=msg.env_reward if msg.HasField("env_reward") else None,
                         env_failure=msg.env_failure, env_error=msg.env_error,
-                        opening_tokens=msg.opening_tokens)
+                        opening_tokens=msg.opening_tokens, prompt_trim=msg.prompt_trim,
+                        env_metrics=dict(msg.env_metrics))
 
 
 def group_to_proto(g: t.GroupResult) -> rollout_pb2.GroupResult:

@@ -40,7 +40,8 @@ def actions_from_proto(msg: pb.StepRequest) -> list[Action]:
         calls = []
         for c in a.tool_calls:
             try:
-                arguments = json.loads(c.arguments_json) if c.arguments_json else ""
+                # empty: a call without arguments (the contract reads it as the empty object)
+                arguments = json.loads(c.arguments_json) if c.arguments_json else {}
             except json.JSONDecodeError as exc:
                 raise InvalidRequest(f"episode {a.episode_id}: tool call {c.name!r}: arguments_json is not "
                                      f"JSON: {exc}") from None

@@ -8,10 +8,16 @@ turn, for all episodes still running at once:
 
 until the environment says done, `max_turns` turns were taken, or the episode's token budget
 (`max_episode_tokens`, and the model's context) has no room for another observation and turn;
-an episode stopped before done is ended (End), which may still give it a reward. A group is
-yielded as soon as all its episodes are over. An environment that fails an episode (down, slow,
-a bad reply) fails that episode alone, with the cause (rlfleet.env.types.FAILURE_CAUSES); the
-controller leaves it out of training and counts it.
+an episode stopped before done is ended (End, reason `max_turns` or `length`), which may still give
+it a reward. A group is yielded as soon as all its episodes are over. An environment that fails an
+episode (down, slow, a bad reply) fails that episode alone, with the cause
+(rlfleet.env.types.FAILURE_CAUSES); the controller leaves it out of training and counts it. The
+episodes of a call that failed as a whole are ended with reason `failed`, and those the rollout gives
+up (a failed generation, a cancelled request) with `aborted`: best effort, so that the server frees
+what it holds.
+
+Episode ids are `<request id>/<sample>:<tag>`, the tag random per agent loop, so that two rollout
+processes (or two runs against one long-lived server) never name the same episode.
 
 Every turn keeps the versions of the weights that generated it; the episode's `policy_version` is
 the oldest of them, so the staleness bound holds for its oldest token even when new weights
@@ -19,6 +25,7 @@ arrive between turns.
 """
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
@@ -28,7 +35,7 @@ import structlog
 from rlfleet.env.chat import ObservationRenderer
 from rlfleet.env.episode import DONE, MAX_TURNS, TOKEN_BUDGET, Episode
 from rlfleet.env.toolcalls import parse_tool_calls
-from rlfleet.env.types import Action, EpisodeRow, StepResult
+from rlfleet.env.types import CALL_FAILURES, END_ABORTED, END_FAILED, Action, EpisodeRow, StepResult
 from rlfleet.config import EnvConfig, RolloutConfig
 from rlfleet.errors import ConfigError, InvalidRequest
 from rlfleet.rpc.security import Security
@@ -50,6 +57,7 @@ class AgentLoop:
         self.max_episode_tokens = max_episode_tokens
         self.max_context = max_context
         self.eos_ids = set(getattr(engine, "eos_ids", None) or [tokenizer.eos_token_id])
+        self.tag = secrets.token_hex(4)  # in every episode id: unique across rollout processes
 
     def generate(self, prompts: list[PromptRequest], params: SamplingParams) -> Iterator[GroupResult]:
         episodes: dict[str, list[Episode]] = {}
@@ -63,21 +71,27 @@ class AgentLoop:
             if budget < 1:
                 raise InvalidRequest(f"prompt {p.request_id!r}: {len(p.prompt_ids)} tokens leave no room "
                                      f"for a response in the model's context of {self.max_context}")
-            episodes[p.request_id] = [Episode(f"{p.request_id}/{i}", list(p.prompt_ids), budget)
+            episodes[p.request_id] = [Episode(f"{p.request_id}/{i}:{self.tag}", list(p.prompt_ids), budget)
                                       for i in range(params.n)]
         rows = {p.request_id: p.row for p in prompts}
         everyone = [e for group in episodes.values() for e in group]
-        self._start(everyone, rows)
-        done_groups: set[str] = set()
-        turn = 0
-        while True:
-            yield from self._finished_groups(episodes, done_groups)
-            running = [e for e in everyone if not e.finished]
-            if not running:
-                return
-            turn += 1
-            self._generate_turn(running, params, turn)
-            self._step(running, turn)
+        started = False
+        try:
+            self._start(everyone, rows)
+            started = True
+            done_groups: set[str] = set()
+            turn = 0
+            while True:
+                yield from self._finished_groups(episodes, done_groups)
+                running = [e for e in everyone if not e.finished]
+                if not running:
+                    return
+                turn += 1
+                self._generate_turn(running, params, turn)
+                self._step(running, turn)
+        finally:  # a failed generation, or the caller stopped reading (a cancelled Generate)
+            if started:
+                self.env.end_quietly([e.episode_id for e in everyone if not e.finished], END_ABORTED)
 
     # ---- one phase each -----------------------------------------------------------------------
     def _start(self, episodes: list[Episode], rows: dict[str, DataRow]) -> None:
@@ -90,10 +104,20 @@ class AgentLoop:
         for e, result in zip(episodes, results):
             if not result.ok:
                 e.fail(result.failure, result.error)
-            elif result.done:  # nothing to do in this episode: it has no turn, so nothing to train on
+                continue
+            e.record_metrics(result.metrics)
+            if result.done:  # nothing to do in this episode: it has no turn, so nothing to train on
                 e.fail("episode_error", f"episode {e.episode_id}: the environment ended it at Start")
-            elif not result.observation.empty:
-                self._observe(e, result, turn_ended_with_eos=True)
+            elif not result.observation.empty:  # before the first assistant turn (a reward is ignored)
+                trim, text = self.renderer.opening(result.observation, e.prompt_ids)
+                ids = self.renderer.ids(text)
+                if len(ids) - trim >= e.room:
+                    e.fail("episode_error", f"episode {e.episode_id}: the opening observation "
+                           f"({len(ids)} tokens) leaves no room for a turn")
+                    continue
+                e.prompt_trim = trim
+                e.add_observation(ids, text)
+        self._end_failed(episodes, results)
 
     def _generate_turn(self, running: list[Episode], params: SamplingParams, turn: int) -> None:
         by_room: dict[int, list[Episode]] = defaultdict(list)
@@ -116,12 +140,14 @@ class AgentLoop:
                           tool_calls=parse_tool_calls(e.turns[-1].text), turn=turn,
                           truncated=e.turns[-1].finish_reason == "length") for e in running]
         results, latency_s = self.env.step(actions)
+        self._end_failed(running, results)
         to_end: dict[str, list[Episode]] = defaultdict(list)
         for e, result in zip(running, results):
             if not result.ok:
                 e.fail(result.failure, result.error)
                 continue
             e.record_answer(result, latency_s)
+            e.record_metrics(result.metrics)
             if result.done:  # a final answer cut at the token limit is one cut at the budget, as in one turn
                 e.finish(DONE if e.turns[-1].finish_reason == "stop" else TOKEN_BUDGET)
             elif turn >= self.max_turns:
@@ -148,7 +174,15 @@ class AgentLoop:
                 continue
             if result.reward is not None:
                 e.env_reward = result.reward
+            e.record_metrics(result.metrics)
             e.finish(reason)
+
+    def _end_failed(self, episodes: list[Episode], results: list[StepResult]) -> None:
+        """Episodes of a call that failed as a whole may still be held by the server: End(failed), best
+        effort (an episode the server failed itself, ok=false, is over there already)."""
+        failed = [e.episode_id for e, r in zip(episodes, results) if not r.ok and r.failure in CALL_FAILURES]
+        if failed:
+            self.env.end_quietly(failed, END_FAILED)
 
     @staticmethod
     def _finished_groups(episodes: dict[str, list[Episode]], done: set[str]) -> Iterator[GroupResult]:

@@ -58,6 +58,17 @@ class EnvClient:
         return self._batched(list(episode_ids), list(episode_ids), "End",
                              lambda ids: env_convert.end_request(ids, reason))
 
+    def end_quietly(self, episode_ids: Sequence[str], reason: str) -> None:
+        """Best effort, off the caller's path: End for episodes the rollout gives up (a failed call, an
+        abandoned request), so that the server can free what it holds; the answers are not read."""
+        ids = list(episode_ids)
+        for i in range(0, len(ids), self.batch_size):
+            chunk = ids[i:i + self.batch_size]
+            try:
+                self._pool.submit(self._call, chunk, "End", env_convert.end_request(chunk, reason))
+            except RuntimeError:  # the client is closing: the server's idle expiry has them
+                return
+
     def _batched(self, ids: list[str], items: Sequence, rpc: str, build: Callable
                  ) -> tuple[list[StepResult], float]:
         """One result per id, in order, and the calls' wall time."""

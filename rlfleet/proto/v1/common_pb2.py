@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"\x90\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xb9\x02\n\nCompletion\x12\x15\n\ttoken_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x14\n\x08logprobs\x18\x02 \x03(\x02\x42\x02\x10\x01\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\x1b\n\x13last_policy_version\x18\x06 \x01(\x03\x12\x15\n\tloss_mask\x18\x07 \x03(\x05\x42\x02\x10\x01\x12%\n\x05turns\x18\x08 \x03(\x0b\x32\x16.rlfleet.v1.TurnRecord\x12\x17\n\nenv_reward\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x65nv_failure\x18\n \x01(\t\x12\x11\n\tenv_error\x18\x0b \x01(\t\x12\x16\n\x0eopening_tokens\x18\x0c \x01(\rB\r\n\x0b_env_reward\"\x8e\x02\n\nTurnRecord\x12\x18\n\x10generated_tokens\x18\x01 \x01(\r\x12\x17\n\x0fobserved_tokens\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1b\n\x13last_policy_version\x18\x04 \x01(\x03\x12\x12\n\ntool_calls\x18\x05 \x01(\r\x12\x13\n\x0btool_errors\x18\x06 \x01(\r\x12\x15\n\renv_latency_s\x18\x07 \x01(\x01\x12\x0c\n\x04text\x18\x08 \x01(\t\x12\x13\n\x0bobservation\x18\t \x01(\t\x12\x13\n\x06reward\x18\n \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rfinish_reason\x18\x0b \x01(\tB\t\n\x07_reward\"\x12\n\x10GetStatusRequest\"\xf7\x01\n\rServiceStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x33\n\x05stats\x18\x06 \x03(\x0b\x32$.rlfleet.v1.ServiceStatus.StatsEntry\x12\x14\n\x0cmetrics_port\x18\x07 \x01(\x05\x12\x11\n\tplacement\x18\x08 \x01(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"\x90\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\r\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\xbe\x03\n\nCompletion\x12\x15\n\ttoken_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x14\n\x08logprobs\x18\x02 \x03(\x02\x42\x02\x10\x01\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\x1b\n\x13last_policy_version\x18\x06 \x01(\x03\x12\x15\n\tloss_mask\x18\x07 \x03(\x05\x42\x02\x10\x01\x12%\n\x05turns\x18\x08 \x03(\x0b\x32\x16.rlfleet.v1.TurnRecord\x12\x17\n\nenv_reward\x18\t \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x65nv_failure\x18\n \x01(\t\x12\x11\n\tenv_error\x18\x0b \x01(\t\x12\x16\n\x0eopening_tokens\x18\x0c \x01(\r\x12\x13\n\x0bprompt_trim\x18\r \x01(\r\x12;\n\x0b\x65nv_metrics\x18\x0e \x03(\x0b\x32&.rlfleet.v1.Completion.EnvMetricsEntry\x1a\x31\n\x0f\x45nvMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_env_reward\"\x8e\x02\n\nTurnRecord\x12\x18\n\x10generated_tokens\x18\x01 \x01(\r\x12\x17\n\x0fobserved_tokens\x18\x02 \x01(\r\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x1b\n\x13last_policy_version\x18\x04 \x01(\x03\x12\x12\n\ntool_calls\x18\x05 \x01(\r\x12\x13\n\x0btool_errors\x18\x06 \x01(\r\x12\x15\n\renv_latency_s\x18\x07 \x01(\x01\x12\x0c\n\x04text\x18\x08 \x01(\t\x12\x13\n\x0bobservation\x18\t \x01(\t\x12\x13\n\x06reward\x18\n \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rfinish_reason\x18\x0b \x01(\tB\t\n\x07_reward\"\x12\n\x10GetStatusRequest\"\xf7\x01\n\rServiceStatus\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x12\n\nlast_error\x18\x05 \x01(\t\x12\x33\n\x05stats\x18\x06 \x03(\x0b\x32$.rlfleet.v1.ServiceStatus.StatsEntry\x12\x14\n\x0cmetrics_port\x18\x07 \x01(\x05\x12\x11\n\tplacement\x18\x08 \x01(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlfleet.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_COMPLETION_ENVMETRICSENTRY']._loaded_options = None
+  _globals['_COMPLETION_ENVMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_COMPLETION'].fields_by_name['token_ids']._loaded_options = None
   _globals['_COMPLETION'].fields_by_name['token_ids']._serialized_options = b'\020\001'
   _globals['_COMPLETION'].fields_by_name['logprobs']._loaded_options = None
@@ -42,13 +44,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=40
   _globals['_SAMPLINGPARAMS']._serialized_end=184
   _globals['_COMPLETION']._serialized_start=187
-  _globals['_COMPLETION']._serialized_end=500
-  _globals['_TURNRECORD']._serialized_start=503
-  _globals['_TURNRECORD']._serialized_end=773
-  _globals['_GETSTATUSREQUEST']._serialized_start=775
-  _globals['_GETSTATUSREQUEST']._serialized_end=793
-  _globals['_SERVICESTATUS']._serialized_start=796
-  _globals['_SERVICESTATUS']._serialized_end=1043
-  _globals['_SERVICESTATUS_STATSENTRY']._serialized_start=999
-  _globals['_SERVICESTATUS_STATSENTRY']._serialized_end=1043
+  _globals['_COMPLETION']._serialized_end=633
+  _globals['_COMPLETION_ENVMETRICSENTRY']._serialized_start=569
+  _globals['_COMPLETION_ENVMETRICSENTRY']._serialized_end=618
+  _globals['_TURNRECORD']._serialized_start=636
+  _globals['_TURNRECORD']._serialized_end=906
+  _globals['_GETSTATUSREQUEST']._serialized_start=908
+  _globals['_GETSTATUSREQUEST']._serialized_end=926
+  _globals['_SERVICESTATUS']._serialized_start=929
+  _globals['_SERVICESTATUS']._serialized_end=1176
+  _globals['_SERVICESTATUS_STATSENTRY']._serialized_start=1132
+  _globals['_SERVICESTATUS_STATSENTRY']._serialized_end=1176
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,14 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version", "loss_mask", "turns", "env_reward", "env_failure", "env_error", "opening_tokens")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version", "loss_mask", "turns", "env_reward", "env_failure", "env_error", "opening_tokens", "prompt_trim", "env_metrics")
+    class EnvMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +45,8 @@ class Completion(_message.Message):
     ENV_FAILURE_FIELD_NUMBER: _ClassVar[int]
     ENV_ERROR_FIELD_NUMBER: _ClassVar[int]
     OPENING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TRIM_FIELD_NUMBER: _ClassVar[int]
+    ENV_METRICS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: str
@@ -50,7 +59,9 @@ class Completion(_message.Message):
     env_failure: str
     env_error: str
     opening_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., env_reward: _Optional[float] = ..., env_failure: _Optional[str] = ..., env_error: _Optional[str] = ..., opening_tokens: _Optional[int] = ...) -> None: ...
+    prompt_trim: int
+    env_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., env_reward: _Optional[float] = ..., env_failure: _Optional[str] = ..., env_error: _Optional[str] = ..., opening_tokens: _Optional[int] = ..., prompt_trim: _Optional[int] = ..., env_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TurnRecord(_message.Message):
     __slots__ = ("generated_tokens", "observed_tokens", "policy_version", "last_policy_version", "tool_calls", "tool_errors", "env_latency_s", "text", "observation", "reward", "finish_reason")

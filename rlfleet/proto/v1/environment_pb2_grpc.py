@@ -109,9 +109,10 @@ class EnvironmentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def End(self, request, context):
-        """Ends episodes the rollout stops before done (rollout.max_turns, the token
-        budget, a failed generation). The result may carry a reward for the
-        episode as it stands; done is ignored. The server forgets the episodes.
+        """Ends episodes the rollout stops before done, for the reason in
+        EndRequest.reason. The result may carry a reward for the episode as it
+        stands (for "max_turns" and "length"; it is ignored after "failed" and
+        "aborted"); done is ignored. The server forgets the episodes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
