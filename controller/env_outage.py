@@ -95,6 +95,11 @@ class EnvOutage:
                                         f"(env.max_outage_s={self.max_outage_s:g}): {self.cause}")
         return None
 
+    def status(self) -> tuple[str, float]:
+        """(state, seconds the outage has lasted: 0 when running)."""
+        with self._lock:
+            return self.state, (self.clock() - self.since if self.state != RUNNING else 0.0)
+
     def close(self) -> None:
         self._stop.set()
 

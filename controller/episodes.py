@@ -8,6 +8,7 @@ is; a failed episode gets no reward at all (left out of training and counted und
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -81,7 +82,24 @@ def env_metrics(completions: list[Completion]) -> dict[str, float]:
         metrics[f"env/failed/{cause}"] = float(failed.get(cause, 0))
     for reason in ("stop", "max_turns", "length"):
         metrics[f"env/finish/{reason}"] = float(sum(c.finish_reason == reason for c in episodes))
+    metrics.update(reported_metrics(episodes, reserved=set(metrics)))
     return metrics
+
+
+def reported_metrics(episodes: list[Completion], reserved: set[str]) -> dict[str, float]:
+    """The environment's own metrics (StepResult.metrics): `env/<name>`, the mean over the episodes that
+    reported the name of each episode's mean; a name rlfleet's own env/ metrics use (`episodes`,
+    `failed`, …) becomes `env/reported/<name>`."""
+    values: dict[str, list[float]] = {}
+    for c in episodes:
+        for name, value in c.env_metrics.items():
+            if math.isfinite(value):  # a NaN would poison the mean (and is no number to chart)
+                values.setdefault(name, []).append(value)
+    out = {}
+    for name, vs in sorted(values.items()):
+        key = f"env/{name}"
+        out[key if key not in reserved else f"env/reported/{name}"] = sum(vs) / len(vs)
+    return out
 
 
 def turn_records(c: Completion) -> list[dict]:

@@ -97,6 +97,7 @@ class GRPOLoop(GenerationSide):
         self._scoring = 0  # groups being scored now
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
+        self._failed_kept = 0  # failed episodes of dropped groups written to the samples this step
         self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
         self.env_failures = (EnvFailures(cfg.env.address or cfg.env.name or "",
                                          cfg.env.max_consecutive_failures) if cfg.env.enabled else None)
@@ -190,6 +191,20 @@ class GRPOLoop(GenerationSide):
         self._live.pop(group.seq, None)
         self._note("dropped", seq=group.seq, reason=reason, version=group.version,
                    train_version=train_version)
+        self._keep_failed_episodes(group, reason)
+
+    def _keep_failed_episodes(self, group: ScoredGroup, reason: str) -> None:
+        """The failed episodes of a dropped group go to samples/train.jsonl at once, with their error and
+        `dropped` (a run whose environment fails everything shows why, even if it never trains a step);
+        at most controller.samples_per_step a step."""
+        limit = self.cfg.controller.samples_per_step
+        records = []
+        for c, r in zip(group.completions, group.results):
+            if c.failed and (limit is None or self._failed_kept < limit):
+                self._failed_kept += 1
+                records.append({**self._sample_record(self.step + 1, None, group, c, r), "dropped": reason})
+        if records:
+            self.writer.log_samples(records)
 
     def _checkpoint(self, step: int, version: int) -> None:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
@@ -292,6 +307,7 @@ class GRPOLoop(GenerationSide):
                                                             self.recovery.score))
                 self.writer.log_metrics(metrics)
                 self.writer.log_samples(self._sample_records(step, version, groups))
+                self._failed_kept = 0
                 self.last_metrics, self.step = metrics, step
                 version = result.policy_version
                 every = self.cfg.learner.checkpoint_every
@@ -314,6 +330,14 @@ class GRPOLoop(GenerationSide):
                 self.env_outage.close()
         return self.last_metrics
 
+    def environment_status(self) -> dict[str, Any] | None:
+        """The environment server as the controller sees it (`rlfleet status`); None without one."""
+        if self.env_failures is None:
+            return None
+        state, lasted = self.env_outage.status() if self.env_outage is not None else ("running", 0.0)
+        return {"address": self.env_failures.address, **self.env_failures.snapshot(), "outage": state,
+                "outage_s": lasted}
+
     def _row(self, prompt: Prompt) -> DataRow | None:
         """The data row an environment starts the prompt's episodes from (None without one)."""
         if not self.cfg.env.enabled:
@@ -323,19 +347,24 @@ class GRPOLoop(GenerationSide):
 
     def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
         limit = self.cfg.controller.samples_per_step
-        records = []
-        for g in groups:
-            for c, r in zip(g.completions, g.results):
-                records.append({"step": step, "prompt_index": g.prompt.index, "prompt": g.prompt.text,
-                                "response": c.text, "reward": r.score if r.ok else None,
-                                "reward_error": r.error or None, "version": c.policy_version,
-                                "trained_version": train_version, "replica": g.replica,
-                                "last_version": max(c.last_policy_version, c.policy_version),
-                                "finish_reason": c.finish_reason,
-                                "ground_truth": g.prompt.ground_truth,
-                                **({"turns": turn_records(c), "env_reward": c.env_reward,
-                                    "env_failure": c.env_failure or None} if c.turns or c.failed else {})})
+        records = [self._sample_record(step, train_version, g, c, r)
+                   for g in groups for c, r in zip(g.completions, g.results)]
         return records if limit is None else records[:limit]
+
+    @staticmethod
+    def _sample_record(step: int, train_version: int | None, g: ScoredGroup, c, r) -> dict:
+        return {"step": step, "prompt_index": g.prompt.index, "prompt": g.prompt.text,
+                "response": c.text, "reward": r.score if r.ok else None,
+                "reward_error": r.error or None, "version": c.policy_version,
+                "trained_version": train_version, "replica": g.replica,
+                "last_version": max(c.last_policy_version, c.policy_version),
+                "finish_reason": c.finish_reason,
+                "ground_truth": g.prompt.ground_truth,
+                **({"turns": turn_records(c), "env_reward": c.env_reward,
+                    "env_failure": c.env_failure or None, "env_error": c.env_error or None,
+                    **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
+                    **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})}
+                   if c.turns or c.failed else {})}
 
 
 def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:

@@ -52,7 +52,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             last_metrics={**{k: float(v) for k, v in last.items() if isinstance(v, (int, float))},
                           **({"controller/buffered_groups": float(loop.buffered())}
                              if loop is not None else {})},
-            fleet=[controller_pb2.FleetMember(**m) for m in described])
+            fleet=[controller_pb2.FleetMember(**m) for m in described],
+            environments=[controller_pb2.EnvironmentStatus(**env) for env in [
+                getattr(loop, "environment_status", lambda: None)()] if env is not None])
 
     def Join(self, request, context):
         """Not under rpc_method: a refusal is this one line here and the replica's one line there."""

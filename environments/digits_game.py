@@ -40,7 +40,9 @@ class DigitsGame(Environment):
         state["tries"] += 1
         attempt = action.text.strip()
         if attempt == state["answer"] or state["tries"] >= self.max_tries:
-            return Step(reward=self._reward(state, attempt), done=True)
+            # env/tries and env/solved in the run's metrics (StepResult.metrics, averaged over episodes)
+            return Step(reward=self._reward(state, attempt), done=True,
+                        metrics={"tries": float(state["tries"]), "solved": float(attempt == state["answer"])})
         return Step(observation=[Message("user", PROMPT_PREFIX + state["answer"][::-1])])
 
     def end(self, state: dict, reason: str) -> float | None:

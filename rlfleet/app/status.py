@@ -6,7 +6,8 @@ restarts by `rlfleet run` (services/restarts.jsonl), health, policy version,
 step, load (queued work), in-flight RPCs, last error.
 The controller row comes from its GetRunStatus RPC, and so does every rollout replica in the run's
 fleet (`fleet`: live, joining or leaving, and whether it joined while the run went on) — replicas
-that joined from other machines included.
+that joined from other machines included — and the environment server's episodes, failures by cause,
+last error and outage (a server `rlfleet run` did not start is listed too, pid `external`).
 
 Announce files outlive processes killed -9. A replica the controller (or, with the controller gone,
 the run's journal) records as left is shown with health `LEFT`; a replica's announce file whose
@@ -104,11 +105,32 @@ def _query_service(row: dict[str, Any], channel: grpc.Channel) -> None:
         row["metrics_port"] = st.metrics_port
 
 
-def _query_controller(row: dict[str, Any], channel: grpc.Channel,
-                      fleet: dict[str, str]) -> list[tuple[str, str]]:
-    """Fills the controller row and `fleet` (address -> membership); returns the (role, address) of the
-    services it uses."""
+def _environment_load(env: Any) -> str:
+    """An environment's row as the controller sees it: its episodes and failures over the run."""
+    failed = sum(env.failed.values())
+    load = f"{env.episodes} episodes, {failed} failed"
+    if failed:
+        by_cause = sorted(env.failed.items(), key=lambda item: -item[1])
+        load += " (" + ", ".join(f"{cause} {n}" for cause, n in by_cause) + ")"
+    return load
+
+
+def _fill_environment(row: dict[str, Any], env: Any) -> None:
+    row["load"] = _environment_load(env)
+    if env.outage != "running":
+        trial = " (health says SERVING, no episode answered yet)" if env.outage == "trial" else ""
+        row["last_error"] = f"outage for {env.outage_s:.0f}s{trial}: {env.last_error}"
+    elif env.last_error and not row["last_error"]:
+        row["last_error"] = env.last_error
+
+
+def _query_controller(row: dict[str, Any], channel: grpc.Channel, fleet: dict[str, str],
+                      environments: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """Fills the controller row, `fleet` (address -> membership) and `environments` (address -> what the
+    controller knows of it); returns the (role, address) of the services it uses."""
     st = controller_pb2_grpc.ControllerStub(channel).GetRunStatus(common_pb2.GetStatusRequest(), timeout=5)
+    if environments is not None:
+        environments.update({env.address: env for env in st.environments})
     last = dict(st.last_metrics)
     members = [m for m in st.fleet if not m.state.startswith("left")]
     for m in members:
@@ -124,15 +146,15 @@ def _query_controller(row: dict[str, Any], channel: grpc.Channel,
     return [(s.role, s.address) for s in st.services]
 
 
-def _query(row: dict[str, Any], security: Security | None,
-           fleet: dict[str, str] | None = None) -> list[tuple[str, str]]:
+def _query(row: dict[str, Any], security: Security | None, fleet: dict[str, str] | None = None,
+           environments: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     channel = open_channel(row["address"], security)
     try:
         row["health"] = health_status(channel)
         if row["health"] == "UNREACHABLE":
             return []
         if row["role"] == "controller":
-            return _query_controller(row, channel, fleet if fleet is not None else {})
+            return _query_controller(row, channel, fleet if fleet is not None else {}, environments)
         _query_service(row, channel)
     except grpc.RpcError as err:
         row["last_error"] = f"status failed: {err.code().name}"
@@ -220,10 +242,11 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
     # The controller first: whom it lists (members, those that left, the services it uses) decides
     # how the other rows are read.
     fleet: dict[str, str] = {}
+    environments: dict[str, Any] = {}  # address -> the controller's EnvironmentStatus
     used: list[tuple[str, str]] = []
     controller = next((r for r in rows if r["role"] == "controller" and r["address"] != "-"), None)
     if controller is not None:
-        used = _query(controller, security, fleet)
+        used = _query(controller, security, fleet, environments)
     answered = controller is not None and controller["health"] == "SERVING" and not controller["last_error"]
     listed = set(fleet) | {address for _, address in used}
     journal: dict[str, str] | None = None
@@ -234,6 +257,8 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
         address, kind = row["address"], _kind(row["role"])
         if kind != "rollout":  # the controller lists its fleet; other services (an env server) it does not
             _query(row, security)
+            if address in environments:
+                _fill_environment(row, environments[address])
             continue
         state = fleet.get(address)
         if state is None and address not in listed:
@@ -258,10 +283,17 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
             extra = _row(role, address, pid="external")
             _query(extra, security)
             rows.append(extra)
+    for address, env in environments.items():  # an environment server started elsewhere
+        if ("env", address) not in known and address not in {r["address"] for r in rows}:
+            known.add(("env", address))
+            extra = _row("env", address, pid="external")
+            _query(extra, security)
+            _fill_environment(extra, env)
+            rows.append(extra)
     for row in rows:
         if _kind(row["role"]) == "rollout" and row["health"] != LEFT:
             row["fleet"] = fleet.get(row["address"], "-" if not fleet else "not a member")
-    order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3}
+    order = {"controller": 0, "rollout": 1, "reward": 2, "learner": 3, "env": 4}
     return sorted(rows, key=lambda r: (order.get(_kind(r["role"]), 9), r["role"], r["address"]))
 
 

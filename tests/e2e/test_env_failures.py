@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import REPO, rlfleet
+from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 from tests.e2e.test_external_reward import start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -38,6 +38,11 @@ def test_a_non_finite_reward_on_every_step_stops_the_run(run_dir):
     line = error_line(run.stderr)
     assert f"environment {address}: 16 episodes in a row failed (invalid_reply 16;" in line, line
     assert "non-finite reward nan" in line and "Traceback" not in run.stderr
+    # The failed episodes are in the samples with their error, though no step was ever trained.
+    samples = read_jsonl(run_dir / "nan_reward" / "samples" / "train.jsonl")
+    assert samples
+    assert all(s["env_failure"] == "invalid_reply" and s["dropped"] == "unusable" for s in samples)
+    assert all("non-finite reward nan" in s["env_error"] and s["reward"] is None for s in samples)
 
 
 def test_unavailable_on_every_call_while_health_says_serving_stops_the_run(run_dir):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.proto.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlfleet/v1/controller.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"0\n\x0fServiceEndpoint\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"j\n\x0b\x46leetMember\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x0e\n\x06groups\x18\x05 \x01(\x03\x12\r\n\x05since\x18\x06 \x01(\x01\"\x8c\x02\n\tRunStatus\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12-\n\x08services\x18\x04 \x03(\x0b\x32\x1b.rlfleet.v1.ServiceEndpoint\x12<\n\x0clast_metrics\x18\x05 \x03(\x0b\x32&.rlfleet.v1.RunStatus.LastMetricsEntry\x12&\n\x05\x66leet\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.FleetMember\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"w\n\x0bJoinRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0emodel_identity\x18\x03 \x01(\t\x12\x15\n\rmodel_summary\x18\x04 \x01(\t\x12\x1a\n\x12model_architecture\x18\x05 \x01(\t\"F\n\x0cJoinResponse\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"B\n\x0cLeaveRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"6\n\rLeaveResponse\x12\x10\n\x08\x66inished\x18\x01 \x01(\x03\x12\x13\n\x0bhanded_back\x18\x02 \x01(\x03\x32\xca\x01\n\nController\x12\x43\n\x0cGetRunStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x15.rlfleet.v1.RunStatus\x12\x39\n\x04Join\x12\x17.rlfleet.v1.JoinRequest\x1a\x18.rlfleet.v1.JoinResponse\x12<\n\x05Leave\x12\x18.rlfleet.v1.LeaveRequest\x1a\x19.rlfleet.v1.LeaveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlfleet/v1/controller.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"0\n\x0fServiceEndpoint\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"j\n\x0b\x46leetMember\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06joined\x18\x04 \x01(\x08\x12\x0e\n\x06groups\x18\x05 \x01(\x03\x12\r\n\x05since\x18\x06 \x01(\x01\"\xc1\x02\n\tRunStatus\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12-\n\x08services\x18\x04 \x03(\x0b\x32\x1b.rlfleet.v1.ServiceEndpoint\x12<\n\x0clast_metrics\x18\x05 \x03(\x0b\x32&.rlfleet.v1.RunStatus.LastMetricsEntry\x12&\n\x05\x66leet\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.FleetMember\x12\x33\n\x0c\x65nvironments\x18\x07 \x03(\x0b\x32\x1d.rlfleet.v1.EnvironmentStatus\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xd6\x01\n\x11\x45nvironmentStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\x03\x12\x39\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32).rlfleet.v1.EnvironmentStatus.FailedEntry\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x0e\n\x06outage\x18\x05 \x01(\t\x12\x10\n\x08outage_s\x18\x06 \x01(\x01\x1a-\n\x0b\x46\x61iledEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"w\n\x0bJoinRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0emodel_identity\x18\x03 \x01(\t\x12\x15\n\rmodel_summary\x18\x04 \x01(\t\x12\x1a\n\x12model_architecture\x18\x05 \x01(\t\"F\n\x0cJoinResponse\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\"B\n\x0cLeaveRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x0e\n\x06reason\x18\x03 \x01(\t\"6\n\rLeaveResponse\x12\x10\n\x08\x66inished\x18\x01 \x01(\x03\x12\x13\n\x0bhanded_back\x18\x02 \x01(\x03\x32\xca\x01\n\nController\x12\x43\n\x0cGetRunStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x15.rlfleet.v1.RunStatus\x12\x39\n\x04Join\x12\x17.rlfleet.v1.JoinRequest\x1a\x18.rlfleet.v1.JoinResponse\x12<\n\x05Leave\x12\x18.rlfleet.v1.LeaveRequest\x1a\x19.rlfleet.v1.LeaveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,22 +34,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATUS_LASTMETRICSENTRY']._loaded_options = None
   _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_options = b'8\001'
+  _globals['_ENVIRONMENTSTATUS_FAILEDENTRY']._loaded_options = None
+  _globals['_ENVIRONMENTSTATUS_FAILEDENTRY']._serialized_options = b'8\001'
   _globals['_SERVICEENDPOINT']._serialized_start=68
   _globals['_SERVICEENDPOINT']._serialized_end=116
   _globals['_FLEETMEMBER']._serialized_start=118
   _globals['_FLEETMEMBER']._serialized_end=224
   _globals['_RUNSTATUS']._serialized_start=227
-  _globals['_RUNSTATUS']._serialized_end=495
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=445
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=495
-  _globals['_JOINREQUEST']._serialized_start=497
-  _globals['_JOINREQUEST']._serialized_end=616
-  _globals['_JOINRESPONSE']._serialized_start=618
-  _globals['_JOINRESPONSE']._serialized_end=688
-  _globals['_LEAVEREQUEST']._serialized_start=690
-  _globals['_LEAVEREQUEST']._serialized_end=756
-  _globals['_LEAVERESPONSE']._serialized_start=758
-  _globals['_LEAVERESPONSE']._serialized_end=812
-  _globals['_CONTROLLER']._serialized_start=815
-  _globals['_CONTROLLER']._serialized_end=1017
+  _globals['_RUNSTATUS']._serialized_end=548
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=498
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=548
+  _globals['_ENVIRONMENTSTATUS']._serialized_start=551
+  _globals['_ENVIRONMENTSTATUS']._serialized_end=765
+  _globals['_ENVIRONMENTSTATUS_FAILEDENTRY']._serialized_start=720
+  _globals['_ENVIRONMENTSTATUS_FAILEDENTRY']._serialized_end=765
+  _globals['_JOINREQUEST']._serialized_start=767
+  _globals['_JOINREQUEST']._serialized_end=886
+  _globals['_JOINRESPONSE']._serialized_start=888
+  _globals['_JOINRESPONSE']._serialized_end=958
+  _globals['_LEAVEREQUEST']._serialized_start=960
+  _globals['_LEAVEREQUEST']._serialized_end=1026
+  _globals['_LEAVERESPONSE']._serialized_start=1028
+  _globals['_LEAVERESPONSE']._serialized_end=1082
+  _globals['_CONTROLLER']._serialized_start=1085
+  _globals['_CONTROLLER']._serialized_end=1287
 # @@protoc_insertion_point(module_scope)

@@ -32,7 +32,7 @@ class FleetMember(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., joined: _Optional[bool] = ..., groups: _Optional[int] = ..., since: _Optional[float] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_name", "step", "policy_version", "services", "last_metrics", "fleet")
+    __slots__ = ("run_name", "step", "policy_version", "services", "last_metrics", "fleet", "environments")
     class LastMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,13 +46,38 @@ class RunStatus(_message.Message):
     SERVICES_FIELD_NUMBER: _ClassVar[int]
     LAST_METRICS_FIELD_NUMBER: _ClassVar[int]
     FLEET_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENTS_FIELD_NUMBER: _ClassVar[int]
     run_name: str
     step: int
     policy_version: int
     services: _containers.RepeatedCompositeFieldContainer[ServiceEndpoint]
     last_metrics: _containers.ScalarMap[str, float]
     fleet: _containers.RepeatedCompositeFieldContainer[FleetMember]
-    def __init__(self, run_name: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., services: _Optional[_Iterable[_Union[ServiceEndpoint, _Mapping]]] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., fleet: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ...) -> None: ...
+    environments: _containers.RepeatedCompositeFieldContainer[EnvironmentStatus]
+    def __init__(self, run_name: _Optional[str] = ..., step: _Optional[int] = ..., policy_version: _Optional[int] = ..., services: _Optional[_Iterable[_Union[ServiceEndpoint, _Mapping]]] = ..., last_metrics: _Optional[_Mapping[str, float]] = ..., fleet: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., environments: _Optional[_Iterable[_Union[EnvironmentStatus, _Mapping]]] = ...) -> None: ...
+
+class EnvironmentStatus(_message.Message):
+    __slots__ = ("address", "episodes", "failed", "last_error", "outage", "outage_s")
+    class FailedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    OUTAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTAGE_S_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    episodes: int
+    failed: _containers.ScalarMap[str, int]
+    last_error: str
+    outage: str
+    outage_s: float
+    def __init__(self, address: _Optional[str] = ..., episodes: _Optional[int] = ..., failed: _Optional[_Mapping[str, int]] = ..., last_error: _Optional[str] = ..., outage: _Optional[str] = ..., outage_s: _Optional[float] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("address", "name", "model_identity", "model_summary", "model_architecture")
