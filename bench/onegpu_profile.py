@@ -38,6 +38,7 @@ DECODE_ARMS = {  # name: StaticGenerator options
     "compiled": {"compile_decode": True},
     "compiled/no-compaction": {"compile_decode": True, "compact": False},
     "compiled/unfused": {"compile_decode": True, "fuse": False},  # q/k/v and gate/up as separate matmuls
+    "compiled/sdpa": {"compile_decode": True, "attention": "sdpa"},  # the step's attention by SDPA
 }
 
 DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16

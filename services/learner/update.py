@@ -28,7 +28,7 @@ from services.learner.algorithms.objective import ObjectiveSettings, micro_batch
 from services.learner.algorithms.policy_losses import ClipSettings
 from services.learner.batching import MicroBatch, collate, split_by_token_budget, split_mini_batches
 from services.learner.critic import Critic
-from services.learner.forward import PLAIN, ForwardSettings, policy_logprobs
+from services.learner.forward import PLAIN, ForwardSettings, policy_logprobs, shape_stable_attention
 from services.learner.loss import masked_token_mean
 from services.learner.packing import split_by_packed_budget
 from services.learner.reference import model_logprobs
@@ -160,6 +160,10 @@ class PolicyUpdate:
         means.add_step({"actor/grad_norm": float(grad_norm)})
 
     def run(self, batch: TrainBatch) -> dict[str, float]:
+        with shape_stable_attention():
+            return self._run(batch)
+
+    def _run(self, batch: TrainBatch) -> dict[str, float]:
         means = _Means()
         pack = self.forward.pack_sequences
         split = split_by_packed_budget if pack else split_by_token_budget

@@ -73,3 +73,30 @@ def test_rows_that_ended_leave_the_replayed_batch_with_the_tokens_unchanged(comp
     assert torch.equal(first[:, :theirs.shape[1]], theirs)
     assert torch.equal(again, first) and torch.equal(again_logprobs, first_logprobs)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_decode_attention_matches_sdpa_on_the_gpu(dtype):
+    """The kernel the decode step uses on a GPU, against SDPA over the visible columns, at a
+    SmolLM2-like shape (3 kv heads, 3 queries each, head_dim 64), captured in a CUDA graph."""
+    from services.rollout.engines.decode_attention import sdpa_decode_attention, triton_decode_attention
+
+    torch.manual_seed(0)
+    B, KV, G, D, L = 48, 3, 3, 64, 320
+    q = torch.randn(B, KV * G, 1, D, device="cuda", dtype=dtype).transpose(1, 2).reshape(B, KV, G, D)
+    keys, values = torch.randn(2, B, KV, L, D, device="cuda", dtype=dtype).unbind(0)
+    column = torch.tensor([200], device="cuda")
+    valid = torch.zeros(B, L, dtype=torch.bool, device="cuda")
+    for r in range(B):
+        valid[r, (r * 7) % 150:201] = True
+    keys[:, :, 201:] = float("nan")
+    values[:, :, 201:] = float("nan")
+    triton_decode_attention(q, keys, values, valid, column, 0.125)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = triton_decode_attention(q, keys, values, valid, column, 0.125)
+    graph.replay()
+    ref = sdpa_decode_attention(q.float(), keys[:, :, :201].float(), values[:, :, :201].float(), valid[:, :201],
+                                column, 0.125)
+    err = ((got.float() - ref).norm() / ref.norm()).item()
+    assert err < (1e-2 if dtype == torch.bfloat16 else 1e-3), err

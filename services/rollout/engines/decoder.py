@@ -15,6 +15,8 @@ import structlog
 import torch
 import torch.nn.functional as F
 
+from services.rollout.engines.decode_attention import decode_attention_for
+
 log = structlog.get_logger(__name__)
 
 #: decoder-only architectures whose layers are pre-norm attention + MLP, as this module runs them
@@ -183,7 +185,8 @@ class StaticDecoder:
     the compiler never copies the cache to make an in-place write functional.
     """
 
-    def __init__(self, model: torch.nn.Module, compile_layers: bool = False, fuse: bool = True):
+    def __init__(self, model: torch.nn.Module, compile_layers: bool = False, fuse: bool = True,
+                 attention: str = "auto"):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the static decode loop cannot run this model: {reason}")
@@ -191,6 +194,9 @@ class StaticDecoder:
         self.layers = list(model.model.layers)
         self.groups = model.config.num_attention_heads // model.config.num_key_value_heads
         self.fused = [fuse_projections(layer) if fuse else None for layer in self.layers]
+        # decode_attention.py: our Triton kernel on a GPU (reads each row's written columns once), else SDPA
+        self.attention = decode_attention_for(next(model.parameters()).device,
+                                              self.layers[0].self_attn.head_dim, attention)
         self.pre_attention, self.post_attention = _pre_attention, _post_attention
         if compile_layers:
             self.pre_attention = CompiledRegion(_pre_attention)
@@ -229,17 +235,12 @@ class StaticDecoder:
         No host synchronisation: safe to capture in a CUDA graph."""
         valid.index_fill_(1, column, True)
         h = self.model.model.embed_tokens(ids[:, None])
-        # [B, 1, 1, L], broadcast over kv heads and their query heads: the additive form once per step,
-        # not a boolean mask that the attention would convert again in every layer
-        mask = torch.zeros(valid.shape, dtype=h.dtype, device=h.device).masked_fill_(
-            ~valid, float("-inf"))[:, None, None, :]
         cos, sin = self.model.model.rotary_emb(h, positions[:, None])
         for i, (layer, fused) in enumerate(zip(self.layers, self.fused)):
             q, k, v = self.pre_attention(layer, fused, h, cos, sin, self.groups)
             keys, values = cache.keys[i], cache.values[i]
             keys.index_copy_(2, column, k)
             values.index_copy_(2, column, v)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 scale=layer.self_attn.scaling)
+            out = self.attention(q, keys, values, valid, column, layer.self_attn.scaling)
             h = self.post_attention(layer, fused, h, out)
         return self._logits(h[:, 0])

@@ -48,10 +48,12 @@ class StaticGenerator:
     its longest row is; without compaction every step still computed all of them."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_ids: list[int], cuda_graphs: bool,
-                 compile_decode: bool = False, compact: bool = True, fuse: bool = True):
+                 compile_decode: bool = False, compact: bool = True, fuse: bool = True,
+                 attention: str = "auto"):
         self.device = next(model.parameters()).device
         on_gpu = self.device.type == "cuda"
-        self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu, fuse=fuse)
+        self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu, fuse=fuse,
+                                     attention=attention)
         self.pad_id, self.eos_ids, self.compact = pad_id, eos_ids, compact
         self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu,
                                length_align=LENGTH_ALIGN if on_gpu else CPU_LENGTH_ALIGN)
