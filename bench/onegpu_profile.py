@@ -23,13 +23,20 @@ from pathlib import Path
 
 import torch
 
-LEARNER_VARIANTS = {  # name: LearnerConfig options
-    "padded/none": {"fused_kernels": "none"},
-    "padded/liger": {"fused_kernels": "liger"},
-    "packed/liger": {"fused_kernels": "liger", "pack_sequences": True},
-    "chunked/liger": {"fused_kernels": "liger", "logprob_chunk_tokens": 8192},
-    "both/liger": {"fused_kernels": "liger", "pack_sequences": True, "logprob_chunk_tokens": 8192},
-    "both/none": {"fused_kernels": "none", "pack_sequences": True, "logprob_chunk_tokens": 8192},
+# name: LearnerConfig options, every layout option explicit (their nulls mean "on" on a GPU)
+LEARNER_VARIANTS = {
+    "padded/none": {"fused_kernels": "none", "pack_sequences": False, "logprob_chunk_tokens": 0,
+                    "compile": False},
+    "padded/liger": {"fused_kernels": "liger", "pack_sequences": False, "logprob_chunk_tokens": 0,
+                     "compile": False},
+    "both/liger": {"fused_kernels": "liger", "pack_sequences": True, "logprob_chunk_tokens": 8192,
+                   "compile": False},
+    "both/none": {"fused_kernels": "none", "pack_sequences": True, "logprob_chunk_tokens": 8192,
+                  "compile": False},
+    "both/compiled": {"fused_kernels": "none", "pack_sequences": True, "logprob_chunk_tokens": 8192,
+                      "compile": True},
+    "padded/compiled": {"fused_kernels": "none", "pack_sequences": False, "logprob_chunk_tokens": 0,
+                        "compile": True},
 }
 
 
@@ -142,7 +149,7 @@ def learner(model_dir: Path, batches, args) -> dict:
     results = {}
     names = [n for n in args.variants.split(",") if n]
     if args.memory_fraction and DEVICE.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, DEVICE)
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, torch.cuda.current_device())
     tokens = statistics.mean(sum(len(s.prompt_ids) + len(s.response_ids) for s in b.samples)
                              for b in batches[1:])  # real tokens per timed step
     for j, name in enumerate(names):

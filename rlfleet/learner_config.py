@@ -64,6 +64,10 @@ class LearnerConfig(ServiceEndpointConfig):
         "auto: where it can run: a single-process learner on a GPU, liger-kernel installed, a "
         "Llama/Qwen2/Qwen3/Mistral model); off by "
         "default: no faster with packing and chunked log-probs on the models measured (docs/performance.md)")
+    compile: bool | None = Field(
+        None, description="compile each decoder layer with torch.compile (dynamic shapes; fuses the "
+        "elementwise work around the matmuls, forward and backward); checked at start, eager if it fails; "
+        "null: on for a single-process learner on a GPU, else off")
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in backward "
                                          "(non-reentrant): less memory, ~1/3 more compute; pair with "
                                          "a larger micro_batch_tokens")
@@ -84,6 +88,10 @@ class LearnerConfig(ServiceEndpointConfig):
         chunk = self.logprob_chunk_tokens if self.logprob_chunk_tokens is not None else (8192 if auto else 0)
         pack = self.pack_sequences if self.pack_sequences is not None else auto
         return chunk, pack
+
+    def compile_on(self, on_gpu: bool) -> bool:
+        """`compile` as it runs, the null resolved (on for a single-process learner on a GPU)."""
+        return self.compile if self.compile is not None else (on_gpu and self.world_size == 1)
 
     @model_validator(mode="after")
     def _sharded_options(self) -> LearnerConfig:

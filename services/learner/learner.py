@@ -23,6 +23,7 @@ from rlfleet.weights import WeightGroup, WeightSender
 from rlfleet.weights.digest import weights_digest
 from rlfleet.weights.ipc import IpcWeightSender
 from services.learner.batching import validate_samples
+from services.learner.compile import compile_layers
 from services.learner.checkpoint import remove_stale_temporaries, save_checkpoint
 from services.learner.flops import dense_bf16_peak_flops, matmul_weights, mfu, train_flops
 from services.learner.fused_kernels import apply_fused_kernels
@@ -64,6 +65,8 @@ class Learner:
                 base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = apply_lora(base, cfg.lora)
         self.model.train()
+        if cfg.compile_on(device.type == "cuda"):
+            compile_layers(self.model, device)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay, fused=device.type == "cuda")
