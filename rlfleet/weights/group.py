@@ -13,6 +13,8 @@ all ranks, with the timeout, and names the ranks that never showed up.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import hmac
@@ -138,6 +140,7 @@ class WeightGroup:
         self._used: set[int] = set()  # a prefix's rendezvous keys are never reset, so never reuse one
         self._broken: str | None = None
         self._token = token or None  # admits ranks: see _admit()
+        self._deadline: float | None = None  # the end of the operation in progress (bounded())
         # What the sender and receivers remember between pushes (the last layout sent). It lives
         # here, not in WeightSender/WeightReceiver, because it is only valid for the ranks that saw
         # the same broadcasts: it is cleared whenever the process group is dropped or rebuilt, on
@@ -174,6 +177,32 @@ class WeightGroup:
     def member_wait_s(self) -> float:
         return min(self.timeout_s, MEMBER_WAIT_S)
 
+    @contextmanager
+    def bounded(self) -> Iterator[None]:
+        """One operation (a connect and a push, or a connect and a receive) ends within `timeout_s` of
+        its start: every wait inside takes what is left, so phases that each wait less than the
+        timeout (the members, the admission, the process group, the handshake, every bucket) cannot
+        add up to several (issue 32: a member late at each phase held the learner 5x the timeout)."""
+        self._deadline = time.monotonic() + self.timeout_s
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _left(self) -> float:
+        """Seconds the operation in progress may still wait (`timeout_s` outside bounded())."""
+        if self._deadline is None:
+            return self.timeout_s
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise WeightSyncError(f"weight group rank {self.rank}: the operation ran out of its "
+                                  f"{self.timeout_s:g}s (learner.weight_sync_timeout_s)")
+        return left
+
+    def _store_timeout(self, seconds: float) -> None:
+        if self._store is not None:
+            self._store.set_timeout(timedelta(seconds=seconds))
+
     @property
     def connected(self) -> bool:
         return self._pg is not None
@@ -194,12 +223,19 @@ class WeightGroup:
         store = dist.PrefixStore(f"{_KEY_ROOT}/g{generation}/", self._store)
         keys = [f"joined/{r}" for r in range(self.world_size)]
         try:
+            self._connect_rounds(store, keys, generation)
+        finally:
+            self._store_timeout(self.timeout_s)  # the store's waits outside an operation
+
+    def _connect_rounds(self, store: dist.Store, keys: list[str], generation: int) -> None:
+        try:
+            self._store_timeout(self._left())  # every store wait below ends with the operation
             if self.rank == 0:
                 store.set("auth/nonce", secrets.token_hex(16) if self._token else "")
             else:
                 self._prove(store)
             store.set(keys[self.rank], "1")
-            store.wait(keys, timedelta(seconds=self.member_wait_s))
+            store.wait(keys, timedelta(seconds=min(self.member_wait_s, self._left())))
         except Exception as e:
             try:
                 who = f"rank(s) {[r for r, k in enumerate(keys) if not store.check([k])]} did not connect"
@@ -207,16 +243,18 @@ class WeightGroup:
                 who = f"lost the weight store at {self.address} ({e})"
             self._broken = f"weight group generation {generation}: {who} within {self.member_wait_s:g}s"
             raise WeightSyncError(self._broken) from e
+        self._store_timeout(self._left())
         self._admit(store, generation)
         # With a token the group is built on the sealed view: only admitted processes, which hold
         # the token, can find and read its rendezvous (rlfleet.weights.sealed_store).
         secret = round_secret(self._token, store.get("auth/nonce").decode()) if self._token else None
         try:
+            self._store_timeout(self._left())  # the process group reads its peers' addresses here
             self._pg = self._make_pg(self._rendezvous_store(store, secret))
             if secret and self.backend == "gloo":
-                check_channels(self._pg, self.rank, self.world_size, secret, self.timeout_s)
+                check_channels(self._pg, self.rank, self.world_size, secret, self._left())
             elif secret:
-                check_members(self._pg, self.rank, self.world_size, secret, self.device, self.timeout_s)
+                check_members(self._pg, self.rank, self.world_size, secret, self.device, self._left())
         except Exception as e:
             self._drop(abort=True)
             self._broken = f"building {self.backend} weight group failed: {e}"
@@ -296,10 +334,10 @@ class WeightGroup:
                                       "generation")
             self.connect()
         assert self._pg is not None
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        opts.timeout = timedelta(seconds=self.timeout_s)
         try:
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = 0, 0
+            opts.timeout = timedelta(seconds=self._left())
             return self._pg.broadcast([tensor], opts)
         except Exception as e:
             self._fail(e)
@@ -308,10 +346,10 @@ class WeightGroup:
         """Sums `tensor` over every rank in place (a small acknowledgement, e.g. the IPC handoff's)."""
         if self._pg is None:
             raise WeightSyncError("weight group is not connected")
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        opts.timeout = timedelta(seconds=self.timeout_s)
         try:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            opts.timeout = timedelta(seconds=self._left())
             work = self._pg.allreduce([tensor], opts)
         except Exception as e:
             self._fail(e)
@@ -322,7 +360,7 @@ class WeightGroup:
         """Waits for a broadcast issued by start_broadcast(); WeightSyncError after the timeout."""
         try:
             if self.backend == "gloo":
-                work.wait(timedelta(seconds=self.timeout_s))  # gloo honours the timeout itself
+                work.wait(timedelta(seconds=self._left()))  # gloo honours the timeout itself
             else:
                 self._poll(work)
         except Exception as e:
@@ -347,12 +385,12 @@ class WeightGroup:
         is noticed at most ~6 % after it completes: a doubling backoff could oversleep a 4 ms
         broadcast by up to 3 ms, which on a small model was a large part of the push."""
         start = time.monotonic()
-        deadline = start + self.timeout_s
+        deadline = start + self._left()
         while not work.is_completed():
             now = time.monotonic()
             if now > deadline:
-                raise WeightSyncError(f"weight broadcast timed out after {self.timeout_s:g}s on rank "
-                                      f"{self.rank}")
+                raise WeightSyncError(f"weight broadcast timed out after {now - start:.3g}s on rank "
+                                      f"{self.rank} (learner.weight_sync_timeout_s={self.timeout_s:g})")
             time.sleep(min(0.01, max(2e-5, (now - start) / 16)))
         work.wait()  # re-raises a stored error; makes the current stream wait for NCCL's
 

@@ -223,7 +223,8 @@ class LearnerFront:
             # Wait for the rollouts before the other ranks start gathering: a rollout that never
             # comes fails this push here, with the learner world still in step.
             try:
-                hosted.group.connect()
+                with hosted.group.bounded():
+                    hosted.group.connect()
             except WeightSyncError:
                 self.learner.weight_groups.done(hosted, "failed")
                 raise

@@ -168,8 +168,9 @@ class Learner:
                     raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
                 start = time.perf_counter()
                 try:
-                    hosted.group.connect()
-                    stats = hosted.sender.push(self.named_weights(), version)
+                    with hosted.group.bounded():  # one group timeout for the whole push (issue 32)
+                        hosted.group.connect()
+                        stats = hosted.sender.push(self.named_weights(), version)
                 except WeightSyncError:
                     outcome = "failed"
                     raise

@@ -54,8 +54,9 @@ class InProcessWeightSync:
                 raise NotReady("not in a weight group: call JoinWeightGroup first")
             start = time.perf_counter()
             try:
-                self._group.connect()
-                received = self._receiver.receive(expected_version=version)
+                with self._group.bounded():  # one group timeout for the whole pull
+                    self._group.connect()
+                    received = self._receiver.receive(expected_version=version)
             except WeightSyncError:
                 self._group.close()
                 self._group, self._receiver = None, None
