@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import structlog
 
@@ -52,6 +52,14 @@ class WeightSync:
         deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
         push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify, self.group)
         pulls = [self._pool.submit(r.pull_weights, version, deadline, self.verify) for r in self.rollouts]
+        # A pull that fails (the replica is gone) ends the sync at once: the push would only wait out
+        # its timeout for that receiver (issue 32: 120 s before the run said no replica was left).
+        done, _ = wait([push, *pulls], return_when=FIRST_EXCEPTION)
+        for rollout, pull in zip(self.rollouts, pulls):
+            if pull in done and pull.exception() is not None:
+                log.warning("a rollout's pull failed; not waiting for the push", replica=rollout.address,
+                            version=version)
+                raise pull.exception()
         pushed = push.result()
         for rollout, pull in zip(self.rollouts, pulls):
             pulled = pull.result()

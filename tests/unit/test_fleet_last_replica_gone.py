@@ -99,7 +99,8 @@ def test_the_last_replica_gone_before_a_push_ends_the_run_after_service_wait_s(t
     journal = Journal(tmp_path)
     fleet = Fleet([], architecture=ARCH, connect=lambda address: replica, note=journal.record)
     faults = Faults()
-    loop = GRPOLoop(cfg, PromptSource(prompts, seed=0), [], FakeReward(faults), WaitingLearner(faults, replica),
+    learner = WaitingLearner(faults, replica)
+    loop = GRPOLoop(cfg, PromptSource(prompts, seed=0), [], FakeReward(faults), learner,
                     RunWriter(tmp_path, tensorboard=False), journal=journal, fleet=fleet)
     threading.Timer(0.2, lambda: fleet.join("only:1", "", identity_of(ARCH))).start()
     began = time.monotonic()
