@@ -6,6 +6,10 @@ reflection on) whose fault a test picks:
     nan_reward    Start answers, every Step answers reward NaN (a reply that breaks the contract)
     unavailable   every call ends UNAVAILABLE while health says SERVING
     honest        Start answers, Step ends the episode with reward 1 (the control)
+    lax_ids       accepts a second Start of a running episode, refuses an empty arguments_json
+                  (INVALID_ARGUMENT)
+    lax_start     Start answers a reward
+    both_obs      Step answers an observation with both messages and text
 
 It records the calls it was sent (`calls`: (rpc, episode ids, End's reason)).
 
@@ -24,7 +28,7 @@ from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
 
 SERVICE = "rlfleet.v1.Environment"
-FAULTS = ("nan_reward", "unavailable", "honest")
+FAULTS = ("nan_reward", "unavailable", "honest", "lax_ids", "lax_start", "both_obs")
 
 
 class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
@@ -43,6 +47,9 @@ class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
         self._record("Start", [e.episode_id for e in request.episodes])
         if self.fault == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        if self.fault == "lax_start":
+            return pb.StepResponse(results=[pb.StepResult(episode_id=e.episode_id, ok=True, reward=0.0)
+                                            for e in request.episodes])
         return pb.StepResponse(results=[pb.StepResult(episode_id=e.episode_id, ok=True)
                                         for e in request.episodes])
 
@@ -50,6 +57,13 @@ class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
         self._record("Step", [a.episode_id for a in request.actions])
         if self.fault == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        calls = [c for a in request.actions for c in a.tool_calls]
+        if self.fault == "lax_ids" and any(not c.arguments_json for c in calls):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "arguments_json is empty")
+        if self.fault == "both_obs":
+            both = pb.Observation(messages=[pb.Message(role="user", content="again")], text="again")
+            return pb.StepResponse(results=[pb.StepResult(episode_id=a.episode_id, ok=True, observation=both)
+                                            for a in request.actions])
         reward = math.nan if self.fault == "nan_reward" else 1.0
         return pb.StepResponse(results=[pb.StepResult(episode_id=a.episode_id, ok=True, done=True,
                                                       reward=reward) for a in request.actions])

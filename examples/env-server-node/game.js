@@ -32,7 +32,7 @@ function step(state, action) {
   if (action.tool_calls.length > 0) { // tool calls: answer each in a "tool" message, no try used
     let toolErrors = 0;
     const messages = action.tool_calls.map((call) => {
-      const args = call.arguments_json ? JSON.parse(call.arguments_json) : '';
+      const args = call.arguments_json ? JSON.parse(call.arguments_json) : {}; // empty: no arguments
       const expression = typeof args === 'string' ? args : String(args.expression || '');
       try {
         if (call.name !== 'calculator') throw new Error(`unknown tool ${call.name}`);

@@ -88,7 +88,7 @@ function start(call, callback) {
   const problem = checkIds(ids) || items.map((e) => checkJson(e.extra_info_json,
     `episode ${e.episode_id}: extra_info_json`, true)).find(Boolean);
   answer(call, callback, ids, problem, (index, id) => {
-    if (episodes.has(id)) throw new Error('is already running');
+    if (episodes.has(id)) return failed(id, 'is already running'); // the running one plays on
     episodes.set(id, game.start(items[index]));
     return { observation: { messages: [], text: '' }, done: false };
   });
@@ -122,19 +122,36 @@ function describe(call, callback) {
   callback(null, game.description);
 }
 
-const SERVING = 'SERVING';
+// The standard health protocol (health.proto): SERVING once episodes can run, NOT_SERVING from the
+// moment a shutdown begins; Watch streams are told of each change.
+let serving = 'SERVING';
+const watchers = new Set();
+function known(name) {
+  return name === '' || name === 'rlfleet.v1.Environment';
+}
+
 function healthCheck(call, callback) {
   const name = call.request.service;
-  if (name === '' || name === 'rlfleet.v1.Environment') {
-    callback(null, { status: SERVING });
+  if (known(name)) {
+    callback(null, { status: serving });
   } else {
     callback({ code: grpc.status.NOT_FOUND, details: `unknown service ${name}` });
   }
 }
 
 function healthWatch(call) {
-  const name = call.request.service;
-  call.write({ status: name === '' || name === 'rlfleet.v1.Environment' ? SERVING : 'SERVICE_UNKNOWN' });
+  if (!known(call.request.service)) {
+    call.write({ status: 'SERVICE_UNKNOWN' });
+    return;
+  }
+  call.write({ status: serving });
+  watchers.add(call);
+  call.on('cancelled', () => watchers.delete(call));
+}
+
+function setServing(status) {
+  serving = status;
+  for (const call of watchers) call.write({ status });
 }
 
 const server = new grpc.Server();
@@ -152,6 +169,8 @@ server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (er
 
 function stop(signal) {
   console.error(`${signal}: shutting down`);
+  setServing('NOT_SERVING'); // health first, so that watchers and load balancers stop sending work
+  for (const call of watchers) call.end();
   server.tryShutdown(() => process.exit(0));
   setTimeout(() => server.forceShutdown(), 5000).unref();
 }

@@ -5,20 +5,35 @@ broken; the detail says how) or N/A (an optional part the server does not implem
 start from a digits row by default and are played with a tool call, then a plain answer; a server
 for other data takes `--row '{"data_source": …, "prompt": …, "ground_truth": …}'` and
 `--action TEXT` (repeatable: the turns played, in order, cycling).
+
+Besides the contract's rules it checks the points environment.proto decides: a Start of an episode
+still running fails that item and leaves the episode running, Start answers done=false and no
+reward, an observation is messages or text (not both), an empty `arguments_json` is a call without
+arguments (not INVALID_ARGUMENT), an End after a failed call is answered; and the health service's
+Watch. With a bearer token (`--config`) it checks that calls without it, or with another, are refused
+UNAUTHENTICATED; with `--stop PID` it ends by sending the server SIGTERM and checks that health
+says NOT_SERVING before the server goes. Episode ids carry a random tag per check, so that checking
+one server again never reuses an id.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import secrets
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action
 from rlfleet.proto.v1 import environment_pb2 as pb
 from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc import env_convert
+from rlfleet.rpc.channel import open_channel
 from rlfleet.app import conformance
 from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, ServerChecker  # noqa: F401 (re-exported)
 
@@ -32,21 +47,24 @@ class EnvContractChecker(ServerChecker):
     SERVICE = ENV_SERVICE
 
     def __init__(self, address: str, timeout_s: float = 10.0, row: dict | None = None,
-                 actions: list[str] | None = None, security=None):
-        """`security`: TLS and bearer token to reach a secured server (rlfleet.rpc.security.Security)."""
+                 actions: list[str] | None = None, security=None, stop_pid: int | None = None):
+        """`security`: TLS and bearer token to reach a secured server (rlfleet.rpc.security.Security).
+        `stop_pid`: the server's process, sent SIGTERM by the last check (None: that check is N/A)."""
         super().__init__(address, timeout_s, security)
+        self.security, self.stop_pid = security, stop_pid
         self.row = row or DEFAULT_ROW
         self.actions = actions or DEFAULT_ACTIONS
         self.stub = environment_pb2_grpc.EnvironmentStub(self.channel)
         self._ids = 0
+        self._tag = secrets.token_hex(4)  # ids never repeat across checks of one server
 
     # ---- requests ---------------------------------------------------------------------------------
     def starts(self, count: int, **override: str) -> list[pb.EpisodeStart]:
         out = []
         for _ in range(count):
             self._ids += 1
-            fields = {"episode_id": f"check-{self._ids}", "data_source": "", "prompt": "", "ground_truth": "",
-                      "extra_info_json": "", **self.row, **override}
+            fields = {"episode_id": f"check-{self._tag}-{self._ids}", "data_source": "", "prompt": "",
+                      "ground_truth": "", "extra_info_json": "", **self.row, **override}
             out.append(pb.EpisodeStart(**fields))
         return out
 
@@ -75,16 +93,29 @@ class EnvContractChecker(ServerChecker):
                 raise Failed(f"episode {episode_id}: non-finite reward {result.reward}")
             if not result.ok and not result.error:
                 raise Failed(f"episode {episode_id}: ok=false without an error message")
+            if result.observation.messages and result.observation.text:
+                raise Failed(f"episode {episode_id}: an observation with both messages and text (one or "
+                             "the other)")
             if require_ok and not result.ok:
                 raise Failed(f"episode {episode_id} failed: {result.error}")
         return f"{len(results)} result{'s' * (len(results) != 1)} in order"
+
+    def started(self, ids: list[str], reply: pb.StepResponse) -> str:
+        """A Start reply: well formed, every episode running (done=false) and no reward."""
+        detail = self.well_formed(ids, reply)
+        for episode_id, result in zip(ids, reply.results):
+            if result.done:
+                raise Failed(f"episode {episode_id}: Start answered done=true (an episode needs a turn)")
+            if result.HasField("reward"):
+                raise Failed(f"episode {episode_id}: Start answered a reward (there is no turn to reward)")
+        return detail
 
     def play(self, count: int) -> tuple[list[str], list[pb.StepResult], int]:
         """Starts `count` episodes and plays them to done (ending those still running after MAX_TURNS).
         Returns their ids, their last results and the turns taken."""
         episodes = self.starts(count)
         ids = [e.episode_id for e in episodes]
-        self.well_formed(ids, self.start(episodes))
+        self.started(ids, self.start(episodes))
         last: dict[str, pb.StepResult] = {}
         running, turn = list(ids), 0
         while running and turn < MAX_TURNS:
@@ -164,6 +195,11 @@ class EnvContractChecker(ServerChecker):
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise Failed(f"a 1 ms deadline ended with {err.code().name}, not DEADLINE_EXCEEDED") from None
             outcome = "DEADLINE_EXCEEDED"
+            # As the rollout does after a failed call: End(failed), answered for each episode
+            # (ok=false for one the server never started or forgot is fine).
+            ids = [e.episode_id for e in episodes]
+            self.well_formed(ids, self.end(ids, "failed"), require_ok=False)
+            outcome += ", End(failed) answered"
         self.play(2)
         return f"{outcome}; serves normally afterwards"
 
@@ -187,6 +223,105 @@ class EnvContractChecker(ServerChecker):
         return self.expect_code(lambda: self.stub.Step(request, timeout=self.timeout_s),
                                 grpc.StatusCode.INVALID_ARGUMENT)
 
+    def check_running_id(self) -> str:
+        episodes = self.starts(1)
+        [episode_id] = [e.episode_id for e in episodes]
+        self.started([episode_id], self.start(episodes))
+        again = self.start(self.starts(1, episode_id=episode_id))
+        self.well_formed([episode_id], again, require_ok=False)
+        if again.results[0].ok:
+            raise Failed(f"a second Start of the running episode {episode_id} answered ok=true")
+        if episode_id not in again.results[0].error:
+            raise Failed(f"the error does not name the episode: {again.results[0].error!r}")
+        step = self.step([self.action(episode_id, 1)])
+        self.well_formed([episode_id], step, require_ok=False)
+        if not step.results[0].ok:
+            raise Failed(f"episode {episode_id}: no longer running after the refused Start: "
+                         f"{step.results[0].error}")
+        if not step.results[0].done:
+            self.end([episode_id])
+        return "a second Start fails (ok=false) and the episode plays on"
+
+    def check_empty_arguments(self) -> str:
+        episodes = self.starts(1)
+        [episode_id] = [e.episode_id for e in episodes]
+        self.started([episode_id], self.start(episodes))
+        name = "calculator"
+        describe = self.optional("Describe", lambda: self.stub.Describe(pb.DescribeRequest(),
+                                                                        timeout=self.timeout_s))
+        if describe is not NA and describe.tools:
+            name = describe.tools[0].name
+        request = pb.StepRequest(actions=[pb.Action(episode_id=episode_id, text="x", turn=1,
+                                                    tool_calls=[pb.ToolCall(name=name, arguments_json="")])])
+        try:
+            reply = self.stub.Step(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise Failed(f"a tool call with an empty arguments_json (no arguments) ended "
+                         f"{err.code().name}: {err.details()}") from None
+        self.well_formed([episode_id], reply, require_ok=False)
+        if reply.results[0].ok and not reply.results[0].done:
+            self.end([episode_id])
+        return f"answered ({'ok' if reply.results[0].ok else 'ok=false'})"
+
+    def check_health_watch(self) -> str:
+        stream = health_pb2_grpc.HealthStub(self.channel).Watch(health_pb2.HealthCheckRequest(),
+                                                                timeout=self.timeout_s)
+        try:
+            first = next(stream)
+        except grpc.RpcError as err:
+            raise Failed(f"grpc.health.v1 Watch failed: {err.code().name}: {err.details()}") from None
+        except StopIteration:
+            raise Failed("grpc.health.v1 Watch ended without a status") from None
+        finally:
+            stream.cancel()
+        status = health_pb2.HealthCheckResponse.ServingStatus.Name(first.status)
+        if status != "SERVING":
+            raise Failed(f"Watch says {status}")
+        return "Watch says SERVING"
+
+    def check_token_refused(self) -> str:
+        if self.security is None or not self.security.token:
+            return NA
+        outcomes = []
+        for label, token in (("no token", None), ("another token", "not-" + self.security.token)):
+            channel = open_channel(self.address, dataclasses.replace(self.security, token=token))
+            try:
+                environment_pb2_grpc.EnvironmentStub(channel).Start(pb.StartRequest(), timeout=self.timeout_s)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAUTHENTICATED:
+                    raise Failed(f"a call with {label} ended {err.code().name}, not "
+                                 "UNAUTHENTICATED") from None
+                outcomes.append(label)
+            else:
+                raise Failed(f"a call with {label} was answered")
+            finally:
+                channel.close()
+        return f"UNAUTHENTICATED with {' and with '.join(outcomes)}"
+
+    def check_shutdown(self) -> str:
+        """Last: SIGTERM to the server; its health must say NOT_SERVING before it goes."""
+        if self.stop_pid is None:
+            return NA
+        stream = health_pb2_grpc.HealthStub(self.channel).Watch(health_pb2.HealthCheckRequest(),
+                                                                timeout=self.timeout_s + 30)
+        seen = []
+        try:
+            seen.append(next(stream).status)
+            os.kill(self.stop_pid, signal.SIGTERM)
+            for reply in stream:
+                seen.append(reply.status)
+                if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    return "NOT_SERVING after SIGTERM"
+        except grpc.RpcError as err:
+            said = [health_pb2.HealthCheckResponse.ServingStatus.Name(s) for s in seen]
+            raise Failed(f"after SIGTERM the server went ({err.code().name}) without saying NOT_SERVING "
+                         f"(Watch said {said})") from None
+        except ProcessLookupError:
+            raise Failed(f"no process {self.stop_pid} to send SIGTERM") from None
+        finally:
+            stream.cancel()
+        raise Failed("after SIGTERM the Watch stream ended without NOT_SERVING")
+
     def check_recovers(self) -> str:
         _, results, turns = self.play(3)
         return f"3 episodes played ({turns} turns); {self.check_health()}"
@@ -205,15 +340,20 @@ class EnvContractChecker(ServerChecker):
         return f"name={reply.name or '-'} tools={[t.name for t in reply.tools]}"
 
     CHECKS = (
-        ("health", ServerChecker.check_health), ("empty requests", check_empty),
+        ("health", ServerChecker.check_health), ("health Watch", check_health_watch),
+        ("empty requests", check_empty),
         ("one episode", check_episode),
         ("batch keeps order", check_batch), ("concurrent calls", check_concurrent),
         ("unknown episode", check_unknown_episode), ("step after done", check_after_done),
         ("End", check_end), ("deadline", check_deadline),
         ("malformed: duplicate ids", check_duplicate_ids), ("malformed: empty id", check_empty_id),
         ("malformed: extra_info_json", check_bad_extra_info),
-        ("malformed: arguments_json", check_bad_arguments), ("serves after errors", check_recovers),
+        ("malformed: arguments_json", check_bad_arguments),
+        ("Start of a running episode", check_running_id), ("empty arguments_json", check_empty_arguments),
+        ("serves after errors", check_recovers),
         ("Describe (optional)", check_describe), ("reflection (optional)", ServerChecker.check_reflection),
+        ("token refused (with a token)", check_token_refused),
+        ("NOT_SERVING on SIGTERM (--stop)", check_shutdown),
     )
 
 
@@ -222,8 +362,8 @@ def format_table(address: str, checks: list[Check]) -> str:
 
 
 def check_server(address: str, timeout_s: float = 10.0, row: dict | None = None,
-                 actions: list[str] | None = None, security=None) -> list[Check]:
-    checker = EnvContractChecker(address, timeout_s, row, actions, security)
+                 actions: list[str] | None = None, security=None, stop_pid: int | None = None) -> list[Check]:
+    checker = EnvContractChecker(address, timeout_s, row, actions, security, stop_pid)
     try:
         return checker.run()
     finally:

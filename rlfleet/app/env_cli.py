@@ -21,7 +21,10 @@ def add_env_parser(sub: argparse._SubParsersAction) -> None:
                        help="a model turn to play; repeatable, played in order and cycled (default: a "
                        "calculator tool call, then an answer)")
     check.add_argument("--config", "-c", help="job YAML whose `security` (TLS, bearer token) reaches a "
-                       "secured server")
+                       "secured server (and checks that calls without the token are refused)")
+    check.add_argument("--stop", type=int, default=None, metavar="PID",
+                       help="the server's process id: the last check sends it SIGTERM and requires health "
+                       "to say NOT_SERVING before the server goes (default: not checked)")
     from rlfleet.app.env_sdk import build_parser
     build_parser(commands.add_parser("serve", help="serve a built-in environment or pkg.module:Class "
                                      "(health and reflection included)"))
@@ -49,6 +52,7 @@ def run_env_command(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config)
         security = Security.from_config(cfg.security, cfg.limits)
-    checks = check_server(args.address, args.timeout, parse_row(args.row), args.action or None, security)
+    checks = check_server(args.address, args.timeout, parse_row(args.row), args.action or None, security,
+                          args.stop)
     print(format_table(args.address, checks), flush=True)
     return 1 if any(c.result == FAIL for c in checks) else 0

@@ -75,13 +75,28 @@ def node_example() -> Path:
 
 def test_node_example_passes_the_environment_check(node_example):
     proc, address = start_server(["node", "server.js", "--port", "0"], node_example, "serving on ")
-    try:
-        check = rlfleet("env", "check", address, timeout=120)
+    try:  # --stop: the last check sends it SIGTERM and watches its health say NOT_SERVING
+        check = rlfleet("env", "check", address, "--stop", str(proc.pid), timeout=120)
+        assert proc.wait(timeout=30) == 0  # it went, once the check was done with it
     finally:
         stop_server(proc)
     assert check.returncode == 0, check.stdout + check.stderr[-2000:]
-    assert "summary: 15 PASS, 0 FAIL, 1 N/A" in check.stdout  # reflection is the one optional part it skips
+    # reflection is the one optional part it skips; no token configured: refusal not checked
+    assert "summary: 19 PASS, 0 FAIL, 2 N/A" in check.stdout, check.stdout
     assert re.search(r"reflection \(optional\) +N/A", check.stdout)
+    assert re.search(r"NOT_SERVING on SIGTERM \(--stop\) +PASS", check.stdout)
+
+
+def test_the_python_environment_server_says_not_serving_on_sigterm():
+    proc, address = start_server([sys.executable, "-m", "rlfleet.app.cli", "env", "serve", "digits_game",
+                                  "--port", "0"], REPO, "serving on ")
+    try:
+        check = rlfleet("env", "check", address, "--stop", str(proc.pid), timeout=120)
+        proc.wait(timeout=30)
+    finally:
+        stop_server(proc)
+    assert check.returncode == 0, check.stdout + check.stderr[-2000:]
+    assert "summary: 20 PASS, 0 FAIL, 1 N/A" in check.stdout, check.stdout  # N/A: token refusal
 
 
 def test_check_fails_an_environment_that_breaks_the_contract(tmp_path):
