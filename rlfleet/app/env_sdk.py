@@ -48,7 +48,7 @@ class EnvServer:
     """A running environment server; `address` is host:port as bound (port 0 picks a free one)."""
 
     def __init__(self, env: Environment | str, host: str, port: int, params: dict[str, Any] | None,
-                 max_workers: int, security=None, handle_signals: bool = False):
+                 max_workers: int, security=None, handle_signals: bool = False, idle_expiry_s: float = 600.0):
         """`handle_signals`: SIGTERM and SIGINT stop it gracefully, from before it says SERVING (a
         supervisor that stops it as soon as it is healthy must not kill it instead); main thread only."""
         from environments.registry import load_environment
@@ -57,7 +57,7 @@ class EnvServer:
         from rlfleet.rpc.server import ServiceServer
 
         env = load_environment(env, params) if isinstance(env, str) else env
-        self.servicer = EnvironmentServicer(env, workers=max_workers)
+        self.servicer = EnvironmentServicer(env, workers=max_workers, idle_expiry_s=idle_expiry_s)
         self._server = ServiceServer([SERVICE_NAME], host, port, max_workers=max_workers, security=security,
                                      on_refused=_log_refused)
         self._server.add(environment_pb2_grpc.add_EnvironmentServicer_to_server, self.servicer)
@@ -93,14 +93,16 @@ def _log_refused(method: str, reason: str) -> None:
 
 def serve(env: Environment | str, port: int = 0, host: str = "127.0.0.1", *,
           params: dict[str, Any] | None = None, max_workers: int = 8, block: bool = True,
-          announce: Path | None = None, security=None) -> EnvServer:
+          announce: Path | None = None, security=None, idle_expiry_s: float = 600.0) -> EnvServer:
     """Serves `env` (an Environment, a built-in name or 'pkg.module:Class').
 
     `block=True` (the default) serves until SIGTERM or Ctrl-C; `block=False` returns the running server
     at once (`server.address`, `server.stop()`). `announce`: a file the address is written to (JSON).
     `security`: TLS and bearer token (`rlfleet.rpc.security.Security.from_config(cfg.security)`);
-    None: plain gRPC."""
-    server = EnvServer(env, host, port, params, max_workers, security, handle_signals=block)
+    None: plain gRPC. `idle_expiry_s`: an episode no call named for this long is dropped, its `end(state,
+    "expired")` called (End may never come from a rollout that crashed)."""
+    server = EnvServer(env, host, port, params, max_workers, security, handle_signals=block,
+                       idle_expiry_s=idle_expiry_s)
     if announce is not None:
         tmp = announce.with_suffix(".tmp")
         tmp.write_text(json.dumps({"address": server.address, "role": "env", "pid": os.getpid()}))
