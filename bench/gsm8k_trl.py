@@ -4,7 +4,8 @@ prompts (chat messages), the same reward rule as rlfleet would pick (the config'
 by data_source, scored by rlfleet's own reward core and told whether each completion was cut at the
 token budget), same group size, prompts per step, temperature, response budget, learning rate and
 warmup, clip (0.2 / 0.28), no KL, token-mean loss; transformers `generate` (TRL's default without
-vLLM), one GPU. Stops after --max-steps or --wall-s seconds, whichever comes first, then saves the
+vLLM), one GPU; `--fast`: TRL's fastest generation without vLLM (transformers' continuous batching) and
+larger micro-batches. Stops after --max-steps or --wall-s seconds, whichever comes first, then saves the
 model for `rlfleet eval`. --save-steps 20,40,60 also saves the model as it is after those steps (and
 after the last step, should the run stop before them) in OUT/step_N/, each written under a
 temporary name and renamed when complete, so a watcher may evaluate it while training goes on.
@@ -87,6 +88,9 @@ def main() -> None:
     p.add_argument("--wall-s", type=float, default=0.0,
                    help="stop after this many seconds of training (0: none)")
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
+    p.add_argument("--fast", action="store_true",
+                   help="TRL at its fastest on one GPU without vLLM: transformers' continuous batching for "
+                        "generation (use_transformers_continuous_batching), 128 sequences per forward/backward")
     p.add_argument("--save-steps", type=save_steps, default=(),
                    help="comma-separated steps after which the model is saved to OUT/step_N/ (e.g. 20,40,60)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, as rlfleet's")
@@ -140,7 +144,7 @@ def main() -> None:
 
     cuda = torch.cuda.is_available()
     group = cfg.controller.prompts_per_step * cfg.rollout.n
-    micro = min(args.micro_batch, group)
+    micro = min(128 if args.fast else args.micro_batch, group)
     lc, alg = cfg.learner, cfg.algorithm
     config = GRPOConfig(
         output_dir=str(out / "trainer"), max_steps=args.max_steps or cfg.controller.max_steps,
@@ -157,6 +161,7 @@ def main() -> None:
         gradient_checkpointing=False, model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32},
         logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
+        use_transformers_continuous_batching=args.fast,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     trainer = GRPOTrainer(model=args.model, reward_funcs=rlfleet_reward, args=config, train_dataset=dataset,

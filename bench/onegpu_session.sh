@@ -16,7 +16,9 @@
 #   "inservice S N STEPS"  the run phase's job for N steps with the learner's train steps and the rollout's
 #                generation calls STEPS (e.g. 8,9) traced by torch.profiler (rlfleet/profiling.py):
 #                $OUT/inservice-S.tgz (tables and Chrome traces), the top of each table printed
-#   "trl N"      bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then rlfleet eval
+#   "trl N [fast] [noeval]"  bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then
+#                rlfleet eval (unless noeval); `fast`: TRL's fastest configuration here (gsm8k_trl.py --fast);
+#                $OUT/trl[-fast]_steps.jsonl and the median s/step printed
 #   profile      bench/onegpu_profile.py: decode (graphs, compiled, compiled without finished-row compaction)
 #                and learner variants on the real job
 #   learner-gap  why the learner step took 0.90 s in the run and 0.50 s in the profile: the default
@@ -64,7 +66,7 @@ model=$work/models/smollm2-135m
 shrink=()   # on the CPU: the tiny model, a few samples of a few tokens
 trl_micro=()
 if [ "$cpu" = 1 ]; then
-  export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
   model=${ONEGPU_MODEL:-$("$py" -c "from rlfleet.models.tiny import ensure_tiny_model; print(ensure_tiny_model())")}
   shrink=(rollout.device=cpu learner.device=cpu reward.device=cpu rollout.n=2 rollout.max_new_tokens=8
           controller.prompts_per_step=2 learner.lr_warmup_steps=1)
@@ -233,9 +235,9 @@ phase() {
       rlfleet data arithmetic --output "$work/data/train.parquet" --rows $rows 2>&1 | tail -1
       rlfleet data arithmetic --output "$work/data/test.parquet" --rows $test_rows --split test 2>&1 | tail -1
       [ -d .carry/data ] || [ "$cpu" = 1 ] && gsm8k_data ;;
-    tests) timeout 420 "$py" -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
-             tests/gpu/test_fused_kernels.py tests/gpu/test_learner_memory_metrics.py -p no:cacheprovider \
-             2>&1 | tail -8 ;;
+    tests) timeout "$(left 60)" "$py" -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
+             tests/gpu/test_fused_kernels.py tests/gpu/test_learner_memory_metrics.py \
+             tests/gpu/test_learner_compile_gpu.py -p no:cacheprovider 2>&1 | tail -8 ;;
     profile) timeout 420 "$py" bench/onegpu_profile.py --model "$model" \
                --data "$work/data/train.parquet" --out "$out/onegpu_profile.json" 2>&1 | quiet | grep -v "^Loading" ;;
     learner-gap)
@@ -264,11 +266,16 @@ phase() {
       "$py" bench/step_times.py "$d/metrics-$name.jsonl" --first 3
       for k in "$d"/*.txt; do [ -f "$k" ] && head -32 "$k" | cut -c1-150; done
       tar czf "$out/inservice-s$2.tgz" -C "$work" "prof-s$2" ;;
-    trl)
-      timeout 540 "$py" bench/gsm8k_trl.py "${job[@]}" --out "$work/trl" --max-steps "$2" "${trl_micro[@]}" 2>&1 \
-        | quiet | tail -6
-      cp "$work/trl/trl_steps.jsonl" "$out/"
-      rlfleet eval "${job[@]}" --model "$work/trl/model" --output "$out/trl_eval.json" 2>&1 | quiet | tail -4 ;;
+    trl)  # trl N [fast] [noeval]
+      local arm=trl${3:+-$3} fast=()
+      [ "${3:-}" = fast ] && fast=(--fast)
+      rm -rf "$work/$arm"
+      timeout "$(left 30)" "$py" bench/gsm8k_trl.py "${job[@]}" --out "$work/$arm" --max-steps "$2" "${trl_micro[@]}" \
+        "${fast[@]}" 2>&1 | quiet | tail -4
+      cp "$work/$arm/trl_steps.jsonl" "$out/${arm}_steps.jsonl"
+      "$py" -c "import json,statistics,sys; t=[json.loads(l)['t'] for l in open(sys.argv[1])]; d=[b-a for a,b in zip(t,t[1:])][4:]; print(sys.argv[2], len(t), 'steps, median s/step after step 5:', round(statistics.median(d),3) if d else '-')" "$out/${arm}_steps.jsonl" "$arm"
+      [ "${4:-}" = noeval ] || rlfleet eval "${job[@]}" --model "$work/$arm/model" --output "$out/${arm}_eval.json" 2>&1 \
+        | quiet | tail -4 ;;
     calculator) calculator "${@:2}" ;;
     parity)  # parity N SEEDS [EVERY]: S=0 and TRL, SEEDS each, all at once
       local n=$2 seeds=$3 every=${4:-20}
