@@ -377,10 +377,11 @@ def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None
 
         endpoint = endpoint_of(cfg.env.address)
         return EnvOutage(cfg.env.max_outage_s, probe=lambda: healthy(endpoint), on_change=note_change)
-    from rlfleet.rpc.channel import health_status, open_channel
+    from rlfleet.rpc.channel import FAST_RECONNECT, health_status, open_channel
     from rlfleet.rpc.security import Security
 
-    # health needs no token, but a server with TLS answers only a TLS channel
-    channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits))
+    # health needs no token, but a server with TLS answers only a TLS channel; probed every second, so
+    # a server that is back is seen within a second, not after gRPC's reconnect backoff (up to 2 min)
+    channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits), FAST_RECONNECT)
     return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
                      on_change=note_change)
