@@ -90,8 +90,9 @@ class AgentLoop:
                 self._generate_turn(running, params, turn)
                 self._step(running, turn)
         finally:  # a failed generation, or the caller stopped reading (a cancelled Generate)
-            if started:
-                self.env.end_quietly([e.episode_id for e in everyone if not e.finished], END_ABORTED)
+            unfinished = [e.episode_id for e in everyone if not e.finished]
+            if started and unfinished:
+                self.env.end_quietly(unfinished, END_ABORTED)
 
     # ---- one phase each -----------------------------------------------------------------------
     def _start(self, episodes: list[Episode], rows: dict[str, DataRow]) -> None:

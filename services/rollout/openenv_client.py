@@ -65,6 +65,22 @@ class OpenEnvClient:
     def end(self, episode_ids: Sequence[str], reason: str) -> tuple[list[StepResult], float]:
         return self._run([self._end(i) for i in episode_ids])
 
+    def end_quietly(self, episode_ids: Sequence[str], reason: str) -> None:
+        """Best effort, not waited for (the agent loop's End of episodes it gives up): their sessions
+        close, which is how an OpenEnv server learns an episode is over."""
+        if not episode_ids or self._loop.is_closed():
+            return
+        calls = [self._end(i) for i in episode_ids]
+
+        async def together():
+            await asyncio.gather(*calls, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(together(), self._loop)
+        except RuntimeError:  # the client is closing: nothing left to end
+            for call in calls:
+                call.close()
+
     def close(self) -> None:
         if self._loop.is_closed():
             return
