@@ -179,11 +179,13 @@ class Sim:
                                          str(self.out), str(i)))
         for i in range(a.replicas):
             self.join(factor=5.0 if a.churn and i == 0 else 1.0)
-        # Warm-up: every replica joined and the run has trained a few steps.
+        # Warm-up: every replica joined, then one more step trained with all of them.
         deadline = time.monotonic() + a.start_timeout
-        while (_journal_count(self.run_dir, "joined") < a.replicas
-               or _journal_count(self.run_dir, "trained") < 3 * self.batch):
+        trained = None
+        while trained is None or _journal_count(self.run_dir, "trained") < trained + self.batch:
             self._check_alive()
+            if trained is None and _journal_count(self.run_dir, "joined") >= a.replicas:
+                trained = _journal_count(self.run_dir, "trained")
             if time.monotonic() > deadline:
                 raise SystemExit(f"fleet_sim: not warmed up within {a.start_timeout}s "
                                  f"(joined {_journal_count(self.run_dir, 'joined')}/{a.replicas})")
@@ -266,7 +268,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--staleness", type=int, default=1)
     p.add_argument("--seconds", type=float, default=60, help="the measured window")
-    p.add_argument("--warmup", type=float, default=5, help="seconds after the third step before measuring")
+    p.add_argument("--warmup", type=float, default=5,
+                   help="seconds after the first step trained with every replica before measuring")
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--out", default="/tmp/fleet_sim")
     p.add_argument("--per-host", type=int, default=64, help="replicas per host process")
@@ -277,7 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learner-tok-s", type=float, default=8e6,
                    help="simulated learner speed (default ~108 H200s at our measured 74.7k tok/s)")
     p.add_argument("--slowdown", type=float, default=0, help="time dilation K (default: from --target-rate)")
-    p.add_argument("--target-rate", type=float, default=40.0,
+    p.add_argument("--target-rate", type=float, default=50.0,
                    help="groups/s the dilated fleet should produce (sets K when --slowdown is 0)")
     p.add_argument("--churn", action="store_true",
                    help="kill and join replicas, one replica 5x slower, learner paused --pause-s")

@@ -29,7 +29,8 @@ class SimLearner:
         self.checkpoint_dir = out_dir / "checkpoints"
         self.version, self.step = 0, 0
         self.step_results = StepResults()
-        self._world_size = 1
+        self._groups: dict[str, int] = {}  # address -> world size
+        self._last = ""
         self._lock = threading.Lock()
         self._log = open(out_dir / "learner.jsonl", "a", buffering=1)  # noqa: SIM115 - for the process
 
@@ -60,15 +61,18 @@ class SimLearner:
 
     def open_weight_group(self, world_size: int, host: str, timeout_s: float, token: str | None = None,
                           members: list[str] | None = None) -> tuple[str, str]:
-        self._world_size = world_size
-        return f"sim:{world_size}", "nccl"
+        address = f"sim-{len(self._groups)}:{world_size}"  # a group is named by its address
+        self._groups[address] = world_size
+        self._last = address
+        return address, "nccl"
 
-    def push_weights(self, version: int, digest: bool = False) -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
+        """Pushes to the group at `group` (empty: the one opened last), as the real learner does."""
         with self._lock:
             if version != self.version:
                 raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
             start = time.perf_counter()
-            time.sleep(self.gpu.broadcast_s(self._world_size))
+            time.sleep(self.gpu.broadcast_s(self._groups.get(group or self._last, 1)))
             return {"bytes": self.gpu.link.bytes, "seconds": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> Path:
