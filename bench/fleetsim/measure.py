@@ -1,5 +1,8 @@
 """What a simulator run measured, from its files: the controller's journal, the learner's step log,
-the replica hosts' engine logs and the controller's CPU and memory samples (bench/fleet_sim.py)."""
+the replica hosts' engine logs and the controller's CPU and memory samples (bench/fleet_sim.py).
+
+    python -m bench.fleetsim.measure OUT/CASE   (analyses a finished run again, rewrites result.json)
+"""
 from __future__ import annotations
 
 import json
@@ -21,7 +24,8 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 
 def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[float, float],
-            rss_mb: list[float], ideal_per_replica: float, staleness: int) -> dict:
+            rss_mb: list[float], ideal_per_replica: float, staleness: int,
+            samples_per_group: int = 16) -> dict:
     t0, t1 = window
     events = read_journal(run_dir / "journal" / "prompts.jsonl")
     trained = [e for e in events if e["event"] == "trained"]
@@ -50,14 +54,22 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         idle.append(1 - busy / (end - start))
         alive_total += end - start
         ideal += (end - start) * ideal_per_replica / r["factor"]
-    groups = len(in_window)
+    # Through the controller: groups scored (into the buffer) in the window, which flows evenly; the
+    # trained rate comes in bursts of a batch, so it is taken over the whole steps in the window.
+    groups = sum(t0 <= t <= t1 for t in scored.values())
     span = t1 - t0
+    done = sorted(s["done"] for s in steps if t0 <= s["done"] <= t1)
+    batch_groups = steps[-1]["samples"] / samples_per_group if steps else 0
+    trained_rate = (len(done) - 1) * batch_groups / (done[-1] - done[0]) if len(done) > 1 else float("nan")
     found = audit(run_dir / "journal" / "prompts.jsonl")
     ages = Counter(e["version"] - e["generation_version"] for e in trained)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     sync = [m["timing/weight_sync_s"] for m in metrics if "timing/weight_sync_s" in m]
     return {
+        "window": [t0, t1], "cpu": list(cpu), "rss_mb": rss_mb,
         "window_s": span, "groups": groups, "groups_per_s": groups / span,
+        "trained_groups_per_s": trained_rate, "steps_in_window": len(done),
+        "reforms_in_window": sum(e["event"] == "weight_group_rebuilt" and t0 <= e["t"] <= t1 for e in events),
         "ideal_groups_per_s": ideal / span, "fraction_of_ideal": groups / ideal if ideal else float("nan"),
         "controller_cpu_s": cpu[1] - cpu[0],
         "controller_cpu_ms_per_group": 1000 * (cpu[1] - cpu[0]) / max(1, groups),
@@ -81,3 +93,19 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "killed": sum(r["fate"] == "killed" for r in replicas),
         "joined_late": sum(r["started"] > t0 for r in replicas),
     }
+
+
+def reanalyse(case: Path) -> dict:
+    old = json.loads((case / "result.json").read_text())
+    new = analyse(case, case / "run", tuple(old["window"]), tuple(old["cpu"]), old["rss_mb"],
+                  old["ideal_per_replica_real"] / old["slowdown"], old["staleness"])
+    merged = {**old, **new}
+    (case / "result.json").write_text(json.dumps(merged, indent=1))
+    return merged
+
+
+if __name__ == "__main__":
+    import sys
+
+    for folder in sys.argv[1:]:
+        print(json.dumps(reanalyse(Path(folder))))

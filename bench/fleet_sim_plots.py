@@ -1,0 +1,65 @@
+"""Plots of bench/fleet_sim.py's results: reads OUT/*/result.json, writes PNGs.
+
+    python bench/fleet_sim_plots.py /tmp/fleet_runs bench/results/fleet_sim_2026-12-02
+writes PREFIX_scaling.png (throughput against ideal, controller CPU per group, admission latency,
+replica idle, controller memory against N, one line per staleness) and PREFIX_staleness.png.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def load(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/result.json"))]
+
+
+def main() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder, prefix = Path(sys.argv[1]), sys.argv[2]
+    results = load(folder)
+    steady = [r for r in results if not r["churn"]]
+    stalenesses = sorted({r["staleness"] for r in steady})
+    panels = [("fraction_of_ideal", "groups/s ÷ fleet's ideal", None),
+              ("controller_cpu_ms_per_group", "controller CPU ms per group", None),
+              ("to_buffer_ms_p99", "p99 completion → buffered (ms)", 50.0),
+              ("to_buffer_ms_p50", "p50 completion → buffered (ms)", None),
+              ("idle_mean", "replica idle fraction", 0.05),
+              ("controller_rss_mb_max", "controller RSS (MB)", None)]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    for ax, (key, title, target) in zip(axes.flat, panels):
+        for s in stalenesses:
+            rows = sorted((r for r in steady if r["staleness"] == s), key=lambda r: r["replicas"])
+            ax.plot([r["replicas"] for r in rows], [r[key] for r in rows], marker="o", label=f"S={s}")
+        for r in results:
+            if r["churn"]:
+                ax.scatter([r["replicas"]], [r[key]], marker="x", color="black", zorder=5)
+        if target is not None:
+            ax.axhline(target, linestyle="--", color="grey", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("replicas N")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(title="steady (x: churn)")
+    fig.suptitle("rlfleet controller against simulated H200 replicas (bench/fleet_sim.py, 2-core machine)")
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_scaling.png", dpi=90)
+
+    fig, axes = plt.subplots(1, len(results), figsize=(2.2 * len(results), 2.6), sharey=True, squeeze=False)
+    for ax, r in zip(axes[0], sorted(results, key=lambda r: (r["churn"], r["replicas"], r["staleness"]))):
+        hist = {int(k): v for k, v in r["staleness_hist"].items()}
+        total = sum(hist.values()) or 1
+        ax.bar(list(hist), [v / total for v in hist.values()])
+        ax.axvline(r["staleness_bound"] + 0.5, color="red", linestyle="--", linewidth=1)
+        ax.set_title(f"N={r['replicas']} S={r['staleness']}" + (" churn" if r["churn"] else ""), fontsize=8)
+        ax.set_xlabel("trained version − generated", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"{prefix}_staleness.png", dpi=90)
+
+
+if __name__ == "__main__":
+    main()
