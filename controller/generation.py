@@ -132,7 +132,7 @@ class GenerationSide:
                                                    time.perf_counter() - started, rollout.address)
                         with self._cond:
                             self._to_score.append(waiting)
-                            self._cond.notify_all()
+                            self._scorable.notify()
                         started = time.perf_counter()
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
                     if self.stop.is_set():  # the stream was cut by the loop's own exit
@@ -170,7 +170,7 @@ class GenerationSide:
                     while not self._to_score:
                         if self.stop.is_set():
                             return
-                        self._cond.wait(0.5)
+                        self._scorable.wait(0.5)
                     batch = [self._to_score.popleft()]
                     size = len(batch[0].completions)
                     while self._to_score and size + len(self._to_score[0].completions) <= \

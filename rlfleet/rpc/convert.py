@@ -97,7 +97,7 @@ def completion_from_proto(msg: common_pb2.Completion) -> t.Completion:
                         finish_reason=msg.finish_reason, policy_version=msg.policy_version, text=msg.text,
                         last_policy_version=msg.last_policy_version,
                         loss_mask=list(msg.loss_mask) if msg.loss_mask else None,
-                        turns=tuple(turn_from_proto(r) for r in msg.turns),
+                        turns=tuple(turn_from_proto(r) for r in msg.turns) if msg.turns else (),
                         env_reward=msg.env_reward if msg.HasField("env_reward") else None,
                         env_failure=msg.env_failure, env_error=msg.env_error,
                         opening_tokens=msg.opening_tokens, prompt_trim=msg.prompt_trim,
@@ -147,8 +147,10 @@ def score_results_to_proto(results: list[t.ScoreResult]) -> reward_pb2.ScoreResp
 
 
 def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> t.ScoredBatch:
+    # An empty map read as {} without a conversion: 16 items a group, a third of this call's cost
     return t.ScoredBatch([t.ScoreResult(id=r.id, score=r.score, ok=r.ok, error=r.error,
-                                        components=dict(r.components)) for r in msg.results],
+                                        components=dict(r.components) if r.components else {})
+                          for r in msg.results],
                          dict(msg.source_metrics))
 
 
