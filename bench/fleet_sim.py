@@ -82,6 +82,14 @@ def _wait_serving(address: str, what: str, procs: list[subprocess.Popen], timeou
     channel.close()
 
 
+def _commit() -> str:
+    """The code measured: HEAD, with `+` when the work tree differs."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                           capture_output=True, text=True)
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
 class Sim:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -252,7 +260,7 @@ class Sim:
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
                       controller_exit=controller.returncode, load_avg=os.getloadavg(),
-                      cpu_share_others=self.cpu_share)
+                      cpu_share_others=self.cpu_share, commit=_commit())
         (self.out / "result.json").write_text(json.dumps(result, indent=1))
         return result
 
