@@ -78,16 +78,21 @@ class FleetMembership:
         return FleetRefused(f"the controller at {self.controller} refused rollout replica {self.name} at "
                             f"{self.address}: {detail}")
 
-    def join(self, address: str) -> controller_pb2.JoinResponse:
-        """Joins, retrying while the controller is unreachable or starting (`wait_s` at most)."""
+    def join(self, address: str,
+             stopped: threading.Event | None = None) -> controller_pb2.JoinResponse | None:
+        """Joins, retrying while the controller is unreachable or starting (`wait_s` at most). None when
+        `stopped` (the server's: SIGTERM) is set meanwhile: a replica waiting to join stops at once."""
         self.address = address
+        stopped = stopped or threading.Event()
         request = controller_pb2.JoinRequest(address=address, name=self.name, model_identity=self.identity,
                                              model_summary=self.summary,
                                              model_architecture=json.dumps(self.architecture))
         deadline, said = time.monotonic() + self.wait_s, 0.0
-        while True:
+        while not stopped.is_set():
             try:
-                reply = self._stub.Join(request, timeout=60)
+                reply = _unless_stopped(self._stub.Join.future(request, timeout=60), stopped)
+                if reply is None:
+                    return None
                 break
             except grpc.RpcError as err:
                 if err.code() not in _RETRY:
@@ -99,7 +104,9 @@ class FleetMembership:
                 if time.monotonic() - said > 5:
                     log.warning("waiting for the controller", controller=self.controller, error=err.details())
                     said = time.monotonic()
-                time.sleep(1.0)
+                stopped.wait(1.0)
+        else:
+            return None
         self.name = reply.name
         print(f"rlfleet: rollout replica {reply.name} at {address} joined run {reply.run_name} "
               f"(controller {self.controller}); it takes work once it holds the run's weights "
@@ -150,7 +157,7 @@ class FleetMembership:
                     return
                 if not state or state.startswith("left"):  # dropped (it stopped answering): afresh
                     try:
-                        self.join(self.address)
+                        self.join(self.address, server.stopped)
                     except Exception as exc:  # noqa: BLE001 - a later round tries again
                         log.warning("could not join again", error=str(exc))
         thread = threading.Thread(target=run, name="fleet-watch", daemon=True)
@@ -175,6 +182,18 @@ class FleetMembership:
         self._channel.close()
 
 
+def _unless_stopped(call: grpc.Future, stopped: threading.Event):
+    """The call's result (its RpcError raised), or None once `stopped` is set first (the call is then
+    cancelled)."""
+    done = threading.Event()
+    call.add_done_callback(lambda _: done.set())
+    while not done.wait(0.2):
+        if stopped.is_set():
+            call.cancel()
+            return None
+    return call.result()
+
+
 def join_when_serving(controller: str, security: Security, name: str, model_dir, wait_s: float,
                       advertise: str | None, run_dir: Path):
     """The `on_serving` hook of `rlfleet serve rollout --join`. The replica's announcement in
@@ -183,7 +202,11 @@ def join_when_serving(controller: str, security: Security, name: str, model_dir,
         member = FleetMembership(controller, security, name, model_dir, wait_s)
         address = advertised_address(server.address, advertise, towards=controller)
         reannounce(run_dir, name, address)
-        member.join(address)
+        if member.join(address, server.stopped) is None:  # SIGTERM while it waited for the controller
+            print(f"rlfleet: rollout replica {name} at {address} stopped before it joined the run "
+                  f"(controller {controller})", flush=True)
+            member.close()
+            return
         member.leave_on_signal(server)
         member.watch(server)
     return on_serving
