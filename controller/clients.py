@@ -23,7 +23,7 @@ from rlfleet.proto.v1 import (
     rollout_pb2_grpc,
 )
 from rlfleet.rpc import convert
-from rlfleet.rpc.channel import wait_until_serving
+from rlfleet.rpc.channel import REPORT_EVERY_S, wait_until_serving
 from rlfleet.rpc.security import Security
 
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -72,11 +72,13 @@ class _Client:
     role = ""
 
     def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True,
-                 security: Security | None = None):
-        """`security`: the job's TLS and bearer token (None: plain gRPC)."""
+                 security: Security | None = None, report_every_s: float | None = REPORT_EVERY_S):
+        """`security`: the job's TLS and bearer token (None: plain gRPC); `report_every_s`: how often the
+        wait for the service says so (None: never, for a short check whose failure is reported anyway)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security)
+        self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
+                                          report_every_s=report_every_s if report_every_s else float("inf"))
 
     @_rpc
     def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:

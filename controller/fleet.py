@@ -26,13 +26,20 @@ from typing import Any
 
 import structlog
 
-from rlfleet.errors import FleetRefused, RlfleetError
+from rlfleet.addresses import check_address
+from rlfleet.errors import Busy, FleetRefused, InvalidRequest, RlfleetError
 from rlfleet.models.identity import difference, identity_of
 from controller.clients import RolloutClient
 
 log = structlog.get_logger(__name__)
 
 JOINING, LIVE, LEAVING = "joining", "live", "leaving"
+# A Join is checked by calling the replica back: JOIN_CHECK_S at most, on at most MAX_JOIN_CHECKS server
+# threads at once (more are refused as Busy and the replica asks again). Without a token anyone may send
+# Joins: 20 naming a dead port once held every thread for 30 s and health timed out (issue 32).
+JOIN_CHECK_S = 10.0
+MAX_JOIN_CHECKS = 4
+MAX_NAME_CHARS = 64
 
 
 @dataclass(eq=False)
@@ -52,6 +59,7 @@ class Member:
     served: bool = True  # held the run's weights and took work at some point (a leave counts)
     generating: bool = False  # the loop started its generation thread
     leave_reason: str = ""  # drained, sigterm
+    instance: float | None = None  # the replica process's id (its status's `instance`): a restart changes it
 
     @property
     def address(self) -> str:
@@ -83,6 +91,7 @@ class Fleet:
             self._members[client.address] = Member("rollout" if index == 0 else f"rollout-{index}", client,
                                                    joined=False)
         self._departed: dict[str, str] = {}  # address -> why it left (a drained replica reads it and stops)
+        self._checking = threading.BoundedSemaphore(MAX_JOIN_CHECKS)  # Joins being called back now
         self.joins = 0
         self.leaves = 0
         # who the weight group holds now (members by identity); another set asks for a re-form
@@ -118,25 +127,32 @@ class Fleet:
         next re-formed weight group gave it the current version."""
         if self._connect is None or self.identity is None:
             raise FleetRefused("this controller does not take joining replicas")
+        address, name = _checked(address, name)
         if identity != self.identity:
             raise FleetRefused(f"it serves a different model than this run: {self._difference(architecture)} "
                                f"(start it with the run's model.path)")
+        if not self._checking.acquire(blocking=False):
+            raise Busy(f"the controller is checking {MAX_JOIN_CHECKS} other Joins now; ask again in a moment")
+        try:
+            client, instance = self._call_back(address)
+        finally:
+            self._checking.release()
         with self._lock:
             old = self._members.get(address)
+            same = old is not None and instance is not None and old.instance == instance
+        if same:  # the member's own process, still answering: a repeated Join (or a spoofed one) keeps it
+            client.close()
+            self._note("join_repeated", replica=address, name=old.name)
+            log.warning("a Join for a replica that is already a member, as the same process; it stays as it "
+                        "is", replica=address, name=old.name, state=old.state)
+            return old
         if old is not None:  # back after a restart the heartbeat has not noticed yet: it starts afresh
             self.remove(old, "rejoined")
-        client = self._connect(address)
-        try:  # calls both ways carry the job's token: the replica must take the controller's too
-            client.status(timeout_s=5.0)
-        except RlfleetError as exc:
-            client.close()
-            raise FleetRefused(f"the controller cannot call it back ({exc}): does it use this job's security "
-                               "settings?") from None
         with self._lock:
             taken = {m.name for m in self._members.values()}
             if not name or name in taken:
                 name = next(f"rollout-{i}" for i in range(1, 10_000) if f"rollout-{i}" not in taken)
-            member = Member(name, client, joined=True, state=JOINING, served=False)
+            member = Member(name, client, joined=True, state=JOINING, served=False, instance=instance)
             self._members[address] = member
             self._departed.pop(address, None)
         self._note("join_accepted", replica=address, name=name)
@@ -144,6 +160,22 @@ class Fleet:
                  replica=address, name=name)
         self._changed()
         return member
+
+    def _call_back(self, address: str) -> tuple[RolloutClient, float | None]:
+        """A client of the replica at `address`, which must answer within JOIN_CHECK_S, and the id of
+        its process. Calls both ways carry the job's token: the replica must take the controller's too."""
+        try:
+            client = self._connect(address)
+        except RlfleetError as exc:
+            raise FleetRefused(f"the controller cannot reach it at {address} within {JOIN_CHECK_S:g}s "
+                               f"({exc}); is that the address others reach it at (--advertise)?") from None
+        try:
+            status = client.status(timeout_s=5.0)
+        except RlfleetError as exc:
+            client.close()
+            raise FleetRefused(f"the controller cannot call it back ({exc}): does it use this job's security "
+                               "settings?") from None
+        return client, status.stats.get("instance")
 
     def _difference(self, architecture: str) -> str:
         try:
@@ -295,6 +327,19 @@ class Fleet:
                    "groups": m.groups, "since": m.since} for m in self.members()),
                 *({"name": "", "address": a, "state": f"left: {why}", "joined": True, "groups": 0,
                    "since": 0.0} for a, why in departed.items())]
+
+
+def _checked(address: str, name: str) -> tuple[str, str]:
+    """A Join's address (host:port, port 1..65535, nothing else) and name, or InvalidRequest: nobody
+    waits for an address that can never answer."""
+    try:
+        address = check_address(address)
+    except ValueError as exc:
+        raise InvalidRequest(f"Join address: {exc}") from None
+    if len(name) > MAX_NAME_CHARS or any(not c.isprintable() or c.isspace() for c in name):
+        raise InvalidRequest(f"Join name: at most {MAX_NAME_CHARS} characters without spaces or control "
+                             f"characters, got {name[:80]!r}")
+    return address, name
 
 
 def _unreachable_reason(member: Member) -> str:

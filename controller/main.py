@@ -22,7 +22,7 @@ from rlfleet.rpc.security import Security
 from rlfleet.rpc.service_main import announce
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.evaluation import PeriodicEval
-from controller.fleet import Fleet
+from controller.fleet import JOIN_CHECK_S, Fleet
 from controller.journal import Journal
 from controller.loop import GRPOLoop
 from controller.reward_tally import RewardTally
@@ -141,8 +141,9 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
                                   f"learner.resume_from={checkpoint}")
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
-        join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, 30.0),
-                       security=security)
+        # a joiner is called back briefly and quietly: it serves before it joins (controller/fleet.py)
+        join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, JOIN_CHECK_S),
+                       security=security, report_every_s=None)
         # Replicas may join while it runs (`rlfleet serve rollout --join`): same model, same token.
         model_dir = resolve_model_path(cfg.model.path)
         fleet = Fleet(rollout, architecture=architecture(model_dir), summary=model_summary(model_dir),

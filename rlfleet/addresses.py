@@ -6,10 +6,16 @@ a config error, named by its key.
 """
 from __future__ import annotations
 
+MAX_ADDRESS_CHARS = 261  # a 253-character DNS name, ':' and a port, or a bracketed IPv6 address
+
 
 def check_address(address: str) -> str:
     """Returns `address` if it is `host:port` (port 1..65535; IPv6 hosts in brackets), else
     ValueError saying what is wrong (pydantic names the key)."""
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise ValueError(f"an address is at most {MAX_ADDRESS_CHARS} characters, got {len(address)}")
+    if any(not c.isprintable() or c.isspace() for c in address.strip()):
+        raise ValueError(f"an address has no spaces or control characters, got {address!r}")
     host, sep, port = address.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"expected host:port, got {address!r}")

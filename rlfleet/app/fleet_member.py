@@ -30,7 +30,8 @@ from rlfleet.rpc.service_main import reannounce
 log = structlog.get_logger(__name__)
 
 _WILDCARDS = {"0.0.0.0", "::", "[::]", ""}
-_RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# RESOURCE_EXHAUSTED: the controller checks other Joins now (controller/fleet.py: MAX_JOIN_CHECKS)
+_RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 WATCH_S = 2.0  # how often a joined replica checks that the controller still lists it
 
 
@@ -67,6 +68,7 @@ class FleetMembership:
         self.wait_s = wait_s
         # a replica started before its controller joins within a second of it listening
         self._channel = open_channel(controller, security, extra_options=FAST_RECONNECT)
+        self._tls = security.tls
         self._stub = controller_pb2_grpc.ControllerStub(self._channel)
         self.address = ""
         self._leaving = threading.Event()
@@ -97,12 +99,13 @@ class FleetMembership:
             except grpc.RpcError as err:
                 if err.code() not in _RETRY:
                     raise self._refused(err) from None
+                why = err.details() + _transport_hint(err.details() or "", self._tls)
                 if time.monotonic() > deadline:
                     raise ServiceUnavailable(f"rollout replica {self.name}: the controller at "
                                              f"{self.controller} did not take the join within "
-                                             f"{self.wait_s:g}s: {err.details()}") from None
+                                             f"{self.wait_s:g}s: {why}") from None
                 if time.monotonic() - said > 5:
-                    log.warning("waiting for the controller", controller=self.controller, error=err.details())
+                    log.warning("waiting for the controller", controller=self.controller, error=why)
                     said = time.monotonic()
                 stopped.wait(1.0)
         else:
@@ -180,6 +183,18 @@ class FleetMembership:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def _transport_hint(detail: str, tls: bool) -> str:
+    """What a transport failure likely means: a plaintext client gets only "Socket closed" from a TLS
+    server (issue 32), a TLS client a handshake error from a plaintext one."""
+    lowered = detail.lower()
+    if not tls and "socket closed" in lowered:
+        return (" (the controller may serve TLS, which this replica does not use: give it the job's "
+                "security.tls_* settings)")
+    if tls and any(word in lowered for word in ("ssl", "handshake", "certificate", "tls")):
+        return " (TLS failed: this replica's security.tls_* settings must match the controller's)"
+    return ""
 
 
 def _unless_stopped(call: grpc.Future, stopped: threading.Event):

@@ -77,7 +77,8 @@ def wait_until_serving(address: str, role: str, timeout_s: float, alive: callabl
     stub = health_pb2_grpc.HealthStub(channel)
     start = time.monotonic()
     deadline = start + timeout_s
-    next_report = start + min(report_every_s, 3.0)  # the first one soon, the others every few seconds
+    # the first one soon, the others every few seconds; never with report_every_s=inf (a short check)
+    next_report = start + (min(report_every_s, 3.0) if report_every_s != float("inf") else report_every_s)
     why = "no answer yet"
     while (remaining := deadline - time.monotonic()) > 0:
         stream = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=min(check_every_s, remaining),

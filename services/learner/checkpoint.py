@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 import torch
 
 from rlfleet.checkpoint_files import (META, DigestChecks, file_manifest, first_good, read_meta,
                                      verify_folder)
 from rlfleet.errors import CheckpointError
+
+log = structlog.get_logger(__name__)
 
 __all__ = ["META", "read_meta"]  # re-exported: callers find a checkpoint's names here
 OPTIMIZER = "optimizer.pt"
@@ -134,6 +137,22 @@ def complete_checkpoints(root: Path) -> dict[int, Path]:
     return found
 
 
+def incomplete_checkpoints(root: Path) -> dict[int, Path]:
+    """step_N folders under root without meta.json (a copy cut short, a folder made by hand), by step.
+    A checkpoint being written is in step_N.tmp-<pid>, never among these."""
+    return {int(child.name.removeprefix("step_")): child for child in root.glob("step_*")
+            if child.name.removeprefix("step_").isdigit() and not (child / META).is_file()}
+
+
+def _report_incomplete(root: Path, chosen: Path | None) -> None:
+    """Says which newer step folders a resume passed over for want of meta.json (issue 32: silently)."""
+    newest = int(chosen.name.removeprefix("step_")) if chosen is not None else -1
+    for step, folder in sorted(incomplete_checkpoints(root).items()):
+        if step > newest:
+            log.warning(f"checkpoint folder {folder} has no {META} (incomplete: a copy cut short or a folder "
+                        f"not written by the learner); passing over it to the previous checkpoint")
+
+
 def newest_first(root: Path) -> list[Path]:
     """The complete step_N folders under root, newest first."""
     found = complete_checkpoints(root)
@@ -182,10 +201,13 @@ def resolve_checkpoint(root: Path, spec: str | None, checks: DigestChecks | None
         if not candidates:
             if spec == "auto":
                 return None
-            raise CheckpointError(f"no complete checkpoint under {root} to resume from")
+            bare = ", ".join(f.name for _, f in sorted(incomplete_checkpoints(root).items()))
+            raise CheckpointError(f"no complete checkpoint under {root} to resume from"
+                                  + (f" ({bare}: no {META})" if bare else ""))
         found, rejected = first_good(candidates, checks=checks)
         if found is None:  # starting fresh would silently throw the run's progress away
             raise CheckpointError(f"no usable checkpoint under {root}: {'; '.join(rejected)}")
+        _report_incomplete(root, found)
         return found
     path = Path(spec)
     if not (path / META).is_file():

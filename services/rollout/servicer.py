@@ -1,6 +1,7 @@
 """Rollout gRPC servicer: converts and delegates to a RolloutEngine."""
 from __future__ import annotations
 
+import secrets
 import threading
 
 from rlfleet import types as t
@@ -31,6 +32,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None  # multi-turn episodes against an environment server (env.*)
         self.last_error = ""
+        # This process among others at the same address: the controller tells a restarted replica's
+        # Join from a repeated (or spoofed) one by it (controller/fleet.py). 52 bits: exact as a double.
+        self.instance = float(secrets.randbits(52))
         self.weight_ops = Exclusive("rollout")  # one pull at a time, the others refused at once
         # Joins run alongside pulls (see JoinWeightGroup); a few at once, so a flood of joins to
         # silent stores cannot take the server's threads.
@@ -98,5 +102,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             in_flight=self.metrics.in_flight_now() - 1,  # not counting this call
             last_error=self.last_error,
             stats={**self.metrics.load_stats(),
-                   "weight_ranks": float(self.engine.weight_ranks if self.engine else 1)},
+                   "weight_ranks": float(self.engine.weight_ranks if self.engine else 1),
+                   "instance": self.instance},
             metrics_port=self.metrics_port, placement=self.engine.placement() if self.engine else ""))
