@@ -90,7 +90,8 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=64, help="sequences per forward/backward")
     p.add_argument("--fast", action="store_true",
                    help="TRL at its fastest on one GPU without vLLM: transformers' continuous batching for "
-                        "generation (use_transformers_continuous_batching), 128 sequences per forward/backward")
+                        "generation (use_transformers_continuous_batching), 128 sequences per "
+                        "forward/backward")
     p.add_argument("--save-steps", type=save_steps, default=(),
                    help="comma-separated steps after which the model is saved to OUT/step_N/ (e.g. 20,40,60)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, as rlfleet's")

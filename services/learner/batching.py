@@ -26,10 +26,9 @@ class MicroBatch:
     advantages_B: torch.Tensor
     rewards_B: torch.Tensor
     packed: PackedLayout | None = None  # model input without padding (learner.pack_sequences)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.response_mask_B_T.sum().item())
+    #: trained tokens (the response mask's sum), counted on the host when the batch is built: read per
+    #: micro-batch by every metric, it would otherwise cost a device synchronisation each time
+    num_tokens: int = 0
 
 
 def validate_samples(samples: list[TrainSample], max_seq_len: int | None = None) -> None:
@@ -112,4 +111,5 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack:
         behaviour_logprobs_B_T=torch.from_numpy(behaviour).to(device),
         advantages_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32).to(device),
         rewards_B=torch.tensor([s.reward for s in samples], dtype=torch.float32).to(device),
-        packed=pack_layout(samples, pad_id, device, tokens=tokens, lengths=lengths) if pack else None)
+        packed=pack_layout(samples, pad_id, device, tokens=tokens, lengths=lengths) if pack else None,
+        num_tokens=int(response_mask.sum()))

@@ -46,25 +46,30 @@ class Prepared:
 
 
 class _Means:
-    """Token-weighted means of per-micro-batch metrics, plus plain means of per-step ones."""
+    """Token-weighted means of per-micro-batch metrics, plus plain means of per-step ones.
+
+    Values stay where they are (device tensors are summed on the device) until `result`: reading a
+    metric per micro-batch would synchronise the host with the GPU each time and leave the GPU idle
+    while the next micro-batch's kernels are launched."""
 
     def __init__(self) -> None:
-        self.token_sums: dict[str, float] = defaultdict(float)
+        self.token_sums: dict[str, torch.Tensor | float] = defaultdict(float)
         self.token_counts: dict[str, float] = defaultdict(float)
-        self.step_values: dict[str, list[float]] = defaultdict(list)
+        self.step_values: dict[str, list[torch.Tensor | float]] = defaultdict(list)
 
     def add_tokens(self, metrics: dict[str, torch.Tensor | float], tokens: int) -> None:
         for key, value in metrics.items():
-            self.token_sums[key] += float(value) * tokens
+            value = value.detach().double() if isinstance(value, torch.Tensor) else float(value)
+            self.token_sums[key] = self.token_sums[key] + value * tokens
             self.token_counts[key] += tokens
 
-    def add_step(self, metrics: dict[str, float]) -> None:
+    def add_step(self, metrics: dict[str, torch.Tensor | float]) -> None:
         for key, value in metrics.items():
-            self.step_values[key].append(float(value))
+            self.step_values[key].append(value.detach() if isinstance(value, torch.Tensor) else float(value))
 
     def result(self) -> dict[str, float]:
-        out = {k: s / max(self.token_counts[k], 1) for k, s in self.token_sums.items()}
-        out.update({k: sum(v) / len(v) for k, v in self.step_values.items()})
+        out = {k: float(s) / max(self.token_counts[k], 1) for k, s in self.token_sums.items()}
+        out.update({k: sum(float(x) for x in v) / len(v) for k, v in self.step_values.items()})
         return out
 
 
@@ -157,7 +162,7 @@ class PolicyUpdate:
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
-        means.add_step({"actor/grad_norm": float(grad_norm)})
+        means.add_step({"actor/grad_norm": grad_norm})
 
     def run(self, batch: TrainBatch) -> dict[str, float]:
         with shape_stable_attention():
