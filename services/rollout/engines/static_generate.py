@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlfleet.types import SamplingParams
-from services.rollout.engines.decoder import KVCache, StaticDecoder
+from services.rollout.engines.decoder import CompiledRegion, KVCache, StaticDecoder
 from services.rollout.engines.graphs import (
     CPU_LENGTH_ALIGN,
     LENGTH_ALIGN,
@@ -17,7 +17,7 @@ from services.rollout.engines.graphs import (
     SlotCache,
     batch_bucket,
 )
-from services.rollout.engines.sampling import TokenSampler
+from services.rollout.engines.sampling import TokenSampler, scaled_choose
 
 FINISH_CHECK_EVERY = 8  # steps between the host's looks at "how many rows still generate?" (each one syncs)
 #: rows below which compaction stops: a step this small costs its kernel launches, not its rows, and
@@ -55,6 +55,8 @@ class StaticGenerator:
         self.decoder = StaticDecoder(model, compile_layers=compile_decode and on_gpu, fuse=fuse,
                                      attention=attention)
         self.pad_id, self.eos_ids, self.compact = pad_id, eos_ids, compact
+        # the sampler's common step as one compiled region where the decode step is compiled (sampling.py)
+        self.fused_sampler = CompiledRegion(scaled_choose) if compile_decode and on_gpu else None
         self.slots = SlotCache(self.decoder, capture=cuda_graphs and on_gpu,
                                length_align=LENGTH_ALIGN if on_gpu else CPU_LENGTH_ALIGN)
 
@@ -70,7 +72,7 @@ class StaticGenerator:
         lengths = valid.sum(dim=1)
         slot.valid.zero_()
         slot.valid[:, :width] = valid
-        sampler = TokenSampler(params, self.eos_ids, self.device)
+        sampler = TokenSampler(params, self.eos_ids, self.device, fused=self.fused_sampler)
         eos = sampler.eos
         tokens = torch.full((batch, new), self.pad_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((batch, new), dtype=torch.float32, device=self.device)
