@@ -239,8 +239,9 @@ class GRPOLoop(GenerationSide):
         save_state(self.writer.run_dir, self.snapshot(step, version))
         self.checkpointed_step = step
         self._note("checkpointed_on_stop", step=step, version=version)
+        # the step and version it is about, not those bound for the step that was in progress
         log.warning(f"stopped after step {step}; checkpoint written: controller.resume=latest "
-                    "continues from it")
+                    "continues from it", step=step, policy_version=version)
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller

@@ -180,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `rlfleet sft` restarts itself under torchrun
     try:
-        return dispatch(args)
+        code = dispatch(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `rlfleet status RUN | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Interrupted as exc:
         print(f"rlfleet: interrupted ({exc}); stopped cleanly", file=sys.stderr)
         return exc.exit_code

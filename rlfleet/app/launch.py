@@ -303,6 +303,15 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
     return target
 
 
+def stopping_line(last_step: int | None) -> str:
+    """What the first Ctrl-C prints: a checkpoint is promised only when a step has finished."""
+    if last_step is None:
+        return ("rlfleet: stopping; no step has finished yet, so there is nothing to checkpoint (Ctrl-C "
+                "again to stop at once)")
+    return (f"rlfleet: stopping; checkpointing the last finished step ({last_step}) first (Ctrl-C again to "
+            "stop at once)")
+
+
 def run_job(cfg: JobConfig) -> dict[str, Any]:
     from controller.main import prepare_data, prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
@@ -323,12 +332,16 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         verdicts = resolve_local_resume(cfg)
     launcher = Launcher(cfg, checkpoint_verdicts=verdicts)
     finished = threading.Event()
+    last_step: list[int] = []  # the steps this process finished (the newest last)
 
     def stop_services_once_checkpointed() -> None:
-        print("rlfleet: stopping; checkpointing the last finished step first (Ctrl-C again to stop at once)",
-              file=sys.stderr, flush=True)
+        print(stopping_line(last_step[-1] if last_step else None), file=sys.stderr, flush=True)
         if not finished.wait(STOP_GRACE_S):
             launcher.shutdown()
+
+    def step_done(metrics: dict[str, Any]) -> None:
+        last_step.append(int(metrics["step"]))
+        print(format_progress(metrics, cfg.controller.max_steps), flush=True)
 
     with StopOnSignal(launcher.stop, on_first=stop_services_once_checkpointed) as signals:
         try:
@@ -337,8 +350,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             addresses = launcher.await_addresses()
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
             summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive, data=data,
-                                     on_step=lambda m: print(format_progress(m, cfg.controller.max_steps),
-                                                             flush=True))
+                                     on_step=step_done)
         except RlfleetError:
             if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC

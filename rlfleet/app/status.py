@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from rlfleet.proto.v1 import (
     reward_pb2_grpc,
     rollout_pb2_grpc,
 )
-from rlfleet.rpc.channel import health_status, open_channel
+from rlfleet.rpc.channel import health_check, open_channel
 from rlfleet.rpc.security import Security
 
 _STUBS = {
@@ -150,8 +151,12 @@ def _query(row: dict[str, Any], security: Security | None, fleet: dict[str, str]
            environments: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     channel = open_channel(row["address"], security)
     try:
-        row["health"] = health_status(channel)
-        if row["health"] == "UNREACHABLE":
+        status, why = health_check(channel, timeout_s=2.0)
+        if status == "UNREACHABLE":  # once more, longer: a loaded machine may answer late
+            status, why = health_check(channel, timeout_s=5.0)
+        row["health"] = status
+        if status == "UNREACHABLE":
+            row["last_error"] = why
             return []
         if row["role"] == "controller":
             return _query_controller(row, channel, fleet if fleet is not None else {}, environments)
@@ -329,10 +334,73 @@ def write_prometheus_targets(run_dir: Path, path: Path) -> int:
     return len(targets)
 
 
+@dataclass
+class Ended:
+    """A run none of whose processes on this machine is left: where it got to, and when."""
+    step: int
+    max_steps: int | None
+    when: float | None  # when its last step was written (metrics.jsonl), epoch seconds
+
+    @property
+    def finished(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    def describe(self, run_dir: Path) -> str:
+        of = f"/{self.max_steps}" if self.max_steps is not None else ""
+        at = (" on " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.when))) if self.when else ""
+        if self.finished:
+            return f"rlfleet: run {run_dir.name} finished: step {self.step}{of}{at}"
+        return (f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}; "
+                "controller.resume=latest continues it")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"state": "finished" if self.finished else "stopped", "step": self.step,
+                "max_steps": self.max_steps, "last_step_at": self.when}
+
+
+def ended_run(run_dir: Path) -> Ended | None:
+    """The run's end, when its controller and every service it announced on this machine are gone
+    (None while any runs, or when one ran elsewhere: their rows tell more then)."""
+    announced = _read_announced(run_dir / "services") if (run_dir / "services").is_dir() else []
+    controller = [a for a in announced if a.row["role"] == "controller"]
+    if not controller or any(a.remote or not a.gone for a in announced):
+        return None
+    step, when = 0, None
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        for line in metrics.read_text().splitlines():
+            try:
+                step = max(step, int(json.loads(line).get("step", 0)))
+            except (ValueError, TypeError, AttributeError):
+                continue  # a line cut short by a crash
+        when = metrics.stat().st_mtime
+    except OSError:
+        pass
+    return Ended(step, _max_steps(run_dir), when)
+
+
+def _max_steps(run_dir: Path) -> int | None:
+    """controller.max_steps of the run's config.yaml (written by `rlfleet run`), else the default."""
+    import yaml
+
+    from rlfleet.config import ControllerConfig
+
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        value = (data.get("controller") or {}).get("max_steps")
+        return int(value) if value is not None else ControllerConfig().max_steps
+    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
+        return None
+
+
 def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None,
                  security: Security | None = None) -> int:
     """Exit code 0 when every service is SERVING (replicas that left and stale announce files aside),
-    1 otherwise."""
+    or the run has finished; 1 otherwise."""
+    ended = ended_run(Path(run_dir))
+    if ended is not None and not prometheus_sd:
+        print(json.dumps(ended.as_json(), indent=2) if as_json else ended.describe(Path(run_dir)))
+        return 0 if ended.finished else 1
     rows = collect(Path(run_dir), security)
     if prometheus_sd:
         count = write_prometheus_targets(Path(run_dir), Path(prometheus_sd))
