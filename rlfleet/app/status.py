@@ -398,10 +398,18 @@ def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None 
     """Exit code 0 when every service is SERVING (replicas that left and stale announce files aside),
     or the run has finished; 1 otherwise."""
     ended = ended_run(Path(run_dir))
-    if ended is not None and not prometheus_sd:
-        print(json.dumps(ended.as_json(), indent=2) if as_json else ended.describe(Path(run_dir)))
+    if ended is not None and not as_json and not prometheus_sd:
+        print(ended.describe(Path(run_dir)))
         return 0 if ended.finished else 1
     rows = collect(Path(run_dir), security)
+    if ended is not None:  # the JSON rows as ever (a replica that left is LEFT from the journal), and
+        for row in rows:   # the controller's row says how the run ended
+            if row["role"] == "controller":
+                row.update(health="FINISHED" if ended.finished else "STOPPED", step=ended.step,
+                           last_error=ended.describe(Path(run_dir)).removeprefix("rlfleet: "),
+                           ended=ended.as_json())
+        print(json.dumps(rows, indent=2))
+        return 0 if ended.finished else 1
     if prometheus_sd:
         count = write_prometheus_targets(Path(run_dir), Path(prometheus_sd))
         print(f"rlfleet: wrote {count} Prometheus targets to {prometheus_sd}")

@@ -55,6 +55,10 @@ def test_a_finished_run_says_so_and_exits_0(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "finished" in out and "step 30/30" in out, out
     assert "UNREACHABLE" not in out
+    assert print_status(str(run), as_json=True) == 0  # the rows as ever; the controller's says how it ended
+    rows = json.loads(capsys.readouterr().out)
+    [controller] = [r for r in rows if r["role"] == "controller"]
+    assert controller["health"] == "FINISHED" and controller["ended"]["step"] == 30, controller
 
 
 def test_a_run_stopped_early_says_where_and_how_to_continue(tmp_path, capsys):
