@@ -288,6 +288,14 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
             extra = _row(role, address, pid="external")
             _query(extra, security)
             rows.append(extra)
+    # replicas that left and announced nowhere here (started by hand elsewhere, or under another
+    # run.name): the controller says who left and why
+    left = sorted(a for a, state in fleet.items() if state.startswith("left") and
+                  a not in {r["address"] for r in rows})
+    for index, address in enumerate(left, 1):
+        extra = _row(f"rollout-left-{index}", address, pid="external")
+        _mark_left(extra, fleet[address])
+        rows.append(extra)
     for address, env in environments.items():  # an environment server started elsewhere
         if ("env", address) not in known and address not in {r["address"] for r in rows}:
             known.add(("env", address))
