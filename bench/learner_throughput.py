@@ -4,10 +4,12 @@ for several learner configurations side by side in one run (same GPU, same batch
 Drives the learner core (services.learner.learner.Learner) directly with GRPO batches of
 `--seqs` sequences of `--prompt` + `--response` tokens and reports trained tokens/s and
 model FLOPs utilisation (6 x parameters x tokens / step time / peak bf16 FLOP/s) per config:
-  baseline  padded rows, full-vocabulary logits (the defaults)
+  baseline  padded rows, full-vocabulary logits, eager layers
   chunked   + learner.logprob_chunk_tokens=--chunk
   packed    + learner.pack_sequences
   both      chunked + packed
+  compiled  both + learner.compile (each decoder layer compiled)
+  default   the learner's defaults as they resolve on this device (a GPU: packed, chunked, compiled)
   ckpt      both + learner.gradient_checkpointing, micro_batch_tokens x --ckpt-mb-scale
 Each config runs once per `--fused-kernels` setting (learner.fused_kernels: none, liger), named
 config/setting.
@@ -32,14 +34,17 @@ from rlfleet.config import LearnerConfig
 from rlfleet.models.tiny import build_tokenizer
 from rlfleet.types import TrainBatch, TrainSample
 
-CONFIGS = ("baseline", "chunked", "packed", "both", "ckpt")
+CONFIGS = ("baseline", "chunked", "packed", "both", "compiled", "default", "ckpt")
 TINY = (64, 128, 2, 4, 2, 1000, True)  # hidden, intermediate, layers, heads, kv heads, vocab, tied
 
 
 def learner_options(name: str, args: argparse.Namespace) -> dict:
-    chunked = {"logprob_chunk_tokens": args.chunk}
+    """Every layout option explicit (their nulls mean "on" on a GPU), except in `default`."""
+    baseline = {"logprob_chunk_tokens": 0, "pack_sequences": False, "compile": False}
+    chunked = {**baseline, "logprob_chunk_tokens": args.chunk}
     both = {**chunked, "pack_sequences": True}
-    return {"baseline": {}, "chunked": chunked, "packed": {"pack_sequences": True}, "both": both,
+    return {"baseline": baseline, "chunked": chunked, "packed": {**baseline, "pack_sequences": True},
+            "both": both, "compiled": {**both, "compile": True}, "default": {},
             "ckpt": {**both, "gradient_checkpointing": True,
                      "micro_batch_tokens": args.micro_batch_tokens * args.ckpt_mb_scale}}[name]
 
