@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 from tests.e2e.test_external_reward import start_server, stop_server
@@ -58,8 +59,9 @@ def test_tiny_model_learns_the_multi_turn_game(run_dir, tmp_path):
             assert v["response"].count("<|im_start|>assistant") == 1  # a second turn followed
         else:
             assert v["reward"] == 1.0, v
-    config = (out / "config.yaml").read_text()
-    assert "address: 127.0.0.1:" in config.split("env:")[1].split("\n")[2]  # served by `rlfleet run`
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["env"]["address"].startswith("127.0.0.1:")  # served by `rlfleet run`
+    assert all(1.0 <= m["env/tries"] <= 2.0 for m in lines)  # the game's own metrics (StepResult.metrics)
 
 
 @pytest.fixture
