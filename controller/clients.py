@@ -23,6 +23,7 @@ from rlfleet.proto.v1 import (
     rollout_pb2_grpc,
 )
 from rlfleet.rpc import convert
+from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import REPORT_EVERY_S, wait_until_serving
 from rlfleet.rpc.security import Security
 
@@ -52,6 +53,7 @@ def _rpc_errors(role: str, address: str, rpc: str) -> Iterator[None]:
     try:
         yield
     except grpc.RpcError as err:
+        release_call(err)  # a failed Generate stream: freed with the error, not at the final collection
         raise _translate(role, address, rpc, err) from None
     except ValueError as err:
         if "closed channel" not in str(err):

@@ -3,12 +3,14 @@ server answers alike (health, an expected error code, reflection), running a che
 checks in order, and the pass/fail table."""
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import open_channel
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
@@ -51,9 +53,11 @@ class ServerChecker:
         try:
             return call()
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
-                return NA
-            raise Failed(f"{name} failed with {err.code().name}: {err.details()}") from None
+            code, details = err.code(), err.details()
+            release_call(err)  # a refused stream (reflection) must not wait for the final collection
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            return NA
+        raise Failed(f"{name} failed with {code.name}: {details}")
 
     def check_health(self) -> str:
         stub = health_pb2_grpc.HealthStub(self.channel)
@@ -82,7 +86,10 @@ class ServerChecker:
         return run_checks(self, self.CHECKS)
 
     def close(self) -> None:
+        """Closes the channel and frees, while grpc's threads still run, any call a check left in a
+        reference cycle: at the interpreter's final collection freeing one can deadlock (issue 32)."""
         self.channel.close()
+        gc.collect()
 
 
 def run_checks(checker: object, checks: tuple[tuple[str, Callable[[object], str]], ...]) -> list[Check]:

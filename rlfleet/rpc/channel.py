@@ -9,6 +9,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlfleet.errors import ServiceUnavailable
+from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.request_id import RequestIdInterceptor
 from rlfleet.rpc.security import Security, secure_channel
 
@@ -88,8 +89,8 @@ def wait_until_serving(address: str, role: str, timeout_s: float, alive: callabl
                 if health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status) == "SERVING":
                     stream.cancel()
                     return channel
-        except grpc.RpcError:
-            pass  # the watch ended (its deadline, or refused): ask why below
+        except grpc.RpcError as err:  # the watch ended (its deadline, or refused): ask why below
+            release_call(err)
         status, why = health_check(channel, timeout_s=min(2.0, max(0.1, deadline - time.monotonic())))
         if status == "SERVING":
             return channel
