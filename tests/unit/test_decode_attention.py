@@ -12,7 +12,9 @@ pytestmark = pytest.mark.unit
 
 CHECK = textwrap.dedent("""
     import torch
-    from services.rollout.engines.decode_attention import sdpa_decode_attention, triton_decode_attention
+    from services.rollout.engines.decode_attention import (kernel_works, sdpa_decode_attention,
+                                                           triton_decode_attention)
+    assert kernel_works(torch.device("cpu"), 16, torch.float32) is None  # the start-up check passes
     torch.manual_seed(0)
     B, KV, G, D, L = 5, 2, 3, 16, 40
     for column in (0, 7, 17, 39):
@@ -40,6 +42,18 @@ def test_triton_kernel_matches_sdpa_on_every_visible_prefix():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_kernel_that_cannot_run_is_reported_not_raised():
+    """Without the interpreter a CPU tensor cannot go through the kernel: the start-up check says why,
+    so `auto` falls back to SDPA instead of failing the first generation."""
+    pytest.importorskip("triton")
+    import torch
+
+    from services.rollout.engines.decode_attention import kernel_works
+
+    reason = kernel_works(torch.device("cpu"), 16, torch.float32)
+    assert isinstance(reason, str) and reason
 
 
 def test_auto_picks_sdpa_off_the_gpu_and_triton_refuses_there():

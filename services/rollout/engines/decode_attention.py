@@ -15,8 +15,11 @@ The bound `column` is read on the device, so the kernel can be captured in a CUD
 """
 from __future__ import annotations
 
+import structlog
 import torch
 import torch.nn.functional as F
+
+log = structlog.get_logger(__name__)
 
 try:
     import triton
@@ -89,14 +92,40 @@ def triton_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     return out
 
 
+def kernel_works(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Runs the kernel once on a small random case against SDPA; None if it agrees, else why not (a
+    machine whose Triton cannot build it, say): `auto` then decodes with SDPA instead of failing."""
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(3, 2, 3, head_dim, device=device, dtype=dtype, generator=g)
+        keys, values = torch.randn(2, 3, 2, 80, head_dim, device=device, dtype=dtype, generator=g).unbind(0)
+        valid = torch.ones(3, 80, dtype=torch.bool, device=device)
+        valid[1, :30] = False
+        column = torch.tensor([70], device=device)
+        got = triton_decode_attention(q, keys, values, valid, column, 0.125).float()
+        seen = slice(0, 71)
+        ref = sdpa_decode_attention(q.float(), keys[:, :, seen].float(), values[:, :, seen].float(),
+                                    valid[:, seen], column, 0.125)
+        err = ((got - ref).norm() / ref.norm()).item()
+    except Exception as exc:  # noqa: BLE001 - any build or launch failure: SDPA serves
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return None if err < 2e-2 else f"disagrees with SDPA (relative error {err:.3g})"
+
+
 def decode_attention_for(device: torch.device, head_dim: int, kind: str = "auto"):
     """The decode step's attention: `triton` (the kernel above), `sdpa`, or `auto`: the kernel on a CUDA
-    device where Triton is installed and the head size suits it, else SDPA."""
+    device where Triton is installed, the head size suits it and a first run agrees with SDPA, else
+    SDPA."""
     power_of_two = head_dim >= 16 and not head_dim & (head_dim - 1)
     usable = triton is not None and device.type == "cuda" and power_of_two
     if kind == "triton" and not usable:
         raise ValueError(f"the Triton decode attention needs a CUDA device, Triton and a power-of-two "
                          f"head_dim >= 16 (device {device}, head_dim {head_dim}, "
                          f"triton {'yes' if triton else 'no'})")
+    if kind == "auto" and usable:
+        reason = kernel_works(device, head_dim)
+        if reason is not None:
+            log.warning("rollout.decode_attention_unavailable", reason=reason, using="sdpa")
+            usable = False
     use_triton = kind == "triton" or (kind == "auto" and usable)
     return triton_decode_attention if use_triton else sdpa_decode_attention
