@@ -6,6 +6,9 @@
 #   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup "parity 40 3"     (issue 21, ~8 min)
 #   carry [.whl]                 bash bench/onegpu_session.sh "staleness 40 3"        (next call, ~4-5 min)
 #   carry [.carry/data .whl]     bash bench/onegpu_session.sh "sft-gsm8k 40"          (next call, ~4-5 min)
+#   carry [.carry/p1 .whl]       bash bench/onegpu_session.sh setup                    (issue 33: the model)
+#   carry [.whl .whl-rg]         bash bench/onegpu_session.sh "reasoning-gym-base chain_sum,basic_arithmetic,..." \
+#                                  "reasoning-gym 80 TASK"                            (next call, ~6-7 min)
 # Phases, run in the order given:
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
 #                and, with .carry/data/{train,test}.jsonl (GSM8K), the GSM8K Parquet files
@@ -42,9 +45,18 @@
 #   "sft-gsm8k N [EPOCHS]"  rlfleet sft on GSM8K train (EPOCHS, default 1), then GRPO for N steps from
 #                the SFT model while the SFT model is evaluated beside it; the three models under the three
 #                rules: $OUT/sft-gsm8k.{md,json} and sft-gsm8k-raw.tgz
+#   "reasoning-gym-base TASKS [ROWS]"  the base model on ROWS (default 200) held-out questions of each of
+#                the comma-separated reasoning-gym TASKS, one rlfleet eval of them all: the table of which
+#                tasks it solves 5-30 % of the time ($OUT/rg-base.json, the accuracies printed)
+#   "reasoning-gym N TASK [key=value ...]"  the reasoning-gym recipe (docs/recipes/reasoning-gym-smollm2.md)
+#                on setup's model: TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
+#                steps of rlfleet run (evaluating every 20), rlfleet eval of the trained model ($OUT/
+#                rg-TASK-base.json, rg-TASK-trained.json, metrics-rg-TASK-N.jsonl); about 5 minutes for 80
+#                steps. The overrides go to every command (a CPU dry run: tests/e2e/test_onegpu_session_cpu.py)
 #   "bench ..."  any python bench/... command line
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/) and GSM8K's
-# train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/: bench/make_wheels.sh.
+# train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/ and .whl-rg/ (reasoning-gym,
+# ~11 MB): bench/make_wheels.sh.
 # A call carries 64 MiB with the working tree (~2.7 MB): p1 (49 MB) + .whl (~11 MB) leave room for
 # GSM8K only gzipped, so carry .carry/data in a later call (the machine keeps /tmp ~30 s between calls). Outputs go to $OUT (at most 8 files
 # come back per call: each of parity, staleness and sft-gsm8k writes 3, gsm8k-eval 2).
@@ -74,6 +86,17 @@ if [ "$cpu" = 1 ]; then
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed (already installed?)"
+  if [ -d .whl-rg ]; then  # reasoning-gym's (bench/make_wheels.sh): wheels, and pycosat compiled from source
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl-rg/*.whl >/dev/null 2>&1 || echo "reasoning-gym wheel install failed (already installed?)"
+    if ! PYTHONPATH=/tmp/site python3 -c "import pycosat" 2>/dev/null; then
+      rm -rf /tmp/pycosat-src && mkdir -p /tmp/pycosat-src && tar xzf .whl-rg/pycosat-*.tar.gz -C /tmp/pycosat-src
+      (cd /tmp/pycosat-src/pycosat-* && gcc -shared -fPIC -O2 -w \
+        -I"$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")" pycosat.c \
+        -o "/tmp/site/pycosat$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")") \
+        || echo "pycosat did not compile: reasoning-gym will not import"
+    fi
+  fi
   export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 fi
 job=(--config deploy/configs/gsm8k-smollm2-135m.yaml model.path=$model
@@ -221,6 +244,63 @@ calculator() {
     --metrics "$out/metrics-$name.jsonl" --out "$out/calculator-summary.json"
 }
 
+# reasoning-gym N TASK [key=value ...]: see the header. The data need the wheels of bench/make_wheels.sh
+# (reasoning-gym and its pure-python dependencies) on the GPU machine.
+rg_job() {  # DATA_DIR: rgj=(the reasoning-gym recipe's job on the files in DATA_DIR)
+  rgj=(--config deploy/configs/reasoning-gym-smollm2-135m.yaml model.path="$model"
+       "data.train_files=[$1/train.parquet]" "data.val_files=[$1/test.parquet]" run.output_dir="$work/outputs"
+       "${shrink[@]}")
+}
+
+rg_importable() {  # says which module is missing when reasoning-gym cannot be imported here
+  local err
+  if ! err=$("$py" -c "import reasoning_gym" 2>&1); then
+    echo "reasoning-gym does not import ($(echo "$err" | tail -1)): carry .whl-rg (bench/make_wheels.sh)"
+    return 1
+  fi
+}
+
+reasoning_gym_base() {  # TASKS [ROWS]
+  rg_importable || return 1
+  local tasks=$1 rows=${2:-200} d=$work/data/rg-base
+  [ "$cpu" = 1 ] && rows=${2:-4}
+  rm -rf "$d" && mkdir -p "$d"
+  local count=$(( rows * $(echo "$tasks" | tr ',' '\n' | grep -c .) ))
+  rlfleet data reasoning-gym "$tasks" --rows "$count" --split test --output "$d/test.parquet" 2>&1 | tail -1
+  cp "$d/test.parquet" "$d/train.parquet"  # the job names a train file; eval reads only the test one
+  rg_job "$d"
+  timeout -k 20 "$(left 20)" "$py" -m rlfleet.app.cli eval "${rgj[@]}" --output "$out/rg-base.json" 2>&1 \
+    | quiet | grep -v "^rlfleet: report\|^Loading"
+}
+
+reasoning_gym() {  # N TASK [key=value ...]
+  rg_importable || return 1
+  local n=$1 task=$2 name=rg-$2-$1 rows=20000 test_rows=500 d=$work/data/rg-$2 t
+  shift 2
+  [ "$cpu" = 1 ] && rows=64 test_rows=8
+  t=$SECONDS
+  rlfleet data reasoning-gym "$task" --rows $rows --output "$d/train.parquet" 2>&1 | tail -1
+  rlfleet data reasoning-gym "$task" --rows $test_rows --split test --output "$d/test.parquet" 2>&1 | tail -1
+  echo "--- data: $((SECONDS - t)) s"
+  rg_job "$d"
+  evaluate_rg() {  # MODEL REPORT [key=value ...]
+    t=$SECONDS
+    timeout -k 10 120 "$py" -m rlfleet.app.cli eval "${rgj[@]}" "${@:3}" --model "$1" --output "$out/$2" 2>&1 \
+      | quiet | grep -v "^rlfleet: report\|^Loading" | tail -3
+    echo "--- eval $2: $((SECONDS - t)) s"
+  }
+  evaluate_rg "$model" "rg-$task-base.json" "$@"
+  t=$SECONDS
+  rm -rf "$work/outputs/$name"
+  timeout -k 20 "$(left 100)" "$py" -m rlfleet.app.cli run "${rgj[@]}" run.name="$name" \
+    controller.max_steps="$n" controller.eval_every=20 controller.eval_before_train=false "$@" 2>&1 \
+    | quiet | grep -v '"event": "step"' | tail -6
+  echo "--- run: $((SECONDS - t)) s"
+  cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
+  "$py" bench/step_times.py "$out/metrics-$name.jsonl"
+  evaluate_rg "$work/outputs/$name" "rg-$task-trained.json" "$@"
+}
+
 phase() {
   local t0=$SECONDS k
   echo "=== $* ($(date +%T))"
@@ -330,6 +410,8 @@ phase() {
       "$py" bench/rescore_samples.py "${inputs[@]}" --fn gsm8k --fn gsm8k_flexible --fn gsm8k_lenient \
         --out "$out/sft-gsm8k"
       tar czf "$out/sft-gsm8k-raw.tgz" -C "$work" sft-gsm8k-raw ;;
+    reasoning-gym-base) reasoning_gym_base "${@:2}" ;;
+    reasoning-gym) reasoning_gym "${@:2}" ;;
     bench) shift; timeout 300 python3 "$@" 2>&1 | quiet | tail -15 ;;
     *) echo "unknown phase $1" ;;
   esac

@@ -42,8 +42,8 @@ class RewardSourceConfig(_Section):
     address: str | None = Field(None, description="host:port of an external gRPC reward server "
                                 "implementing rlfleet.v1.Reward")
     function: str | None = Field(None, description="a built-in reward (auto, gsm8k, math, exact_match, "
-                                 "regex_match, format, length_penalty, code, digits) or pkg.module:function, "
-                                 "run inside the reward service")
+                                 "regex_match, format, length_penalty, code, digits, reasoning_gym) or "
+                                 "pkg.module:function, run inside the reward service")
     service: bool = Field(False, description="the reward service's own scorer (reward.model, else "
                           "reward.fn): the way to use them as one of several sources")
     fleet_security: bool = Field(True, description="an address source: connect with the `security` section's "

@@ -48,3 +48,24 @@ def test_parity_staleness_and_gsm8k_phases_on_the_cpu(tmp_path):
     assert [row["label"] for row in sft] == ["base", "sft-1ep", "sft-grpo-1"]
     assert sft[0]["by_fn"]["gsm8k"]["rules"]["openai/gsm8k"].startswith("gsm8k (verl strict")
     assert len(list((tmp_path / "out2").iterdir())) <= 8
+
+
+def test_reasoning_gym_phases_on_the_cpu(tmp_path):
+    """reasoning-gym-base (which tasks the base model starts on) and reasoning-gym N TASK (data, base
+    evaluation, N steps, evaluation of the trained model): issue 33's recipe, its command lines on the CPU."""
+    pytest.importorskip("reasoning_gym")
+    out = tmp_path / "out"
+    stdout = session(tmp_path, out, "reasoning-gym-base chain_sum,leg_counting", "reasoning-gym 2 chain_sum")
+    assert "=== reasoning-gym took" in stdout and "rlfleet: error" not in stdout, stdout[-3000:]
+    assert "wrote 64 train rows (chain_sum)" in stdout and "wrote 8 test rows (chain_sum)" in stdout
+    base = json.loads((out / "rg-base.json").read_text())
+    assert set(base["by_source"]) <= {"reasoning_gym/chain_sum", "reasoning_gym/leg_counting"}
+    assert "reasoning_gym/chain_sum" in base["by_source"]  # leg_counting's may be too long for the tiny model
+    for report in ("rg-chain_sum-base.json", "rg-chain_sum-trained.json"):
+        by_source = json.loads((out / report).read_text())["by_source"]
+        assert by_source["reasoning_gym/chain_sum"]["prompts"] == 8
+        assert by_source["reasoning_gym/chain_sum"]["rule"] == "reasoning_gym"
+    metrics = [json.loads(line) for line in (out / "metrics-rg-chain_sum-2.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert "val/reasoning_gym/chain_sum/accuracy" in metrics[-1]  # the run evaluated at its last step
+    assert len(list(out.iterdir())) <= 8  # what one device call brings back
