@@ -139,3 +139,22 @@ def test_episode_ids_differ_between_two_rollout_processes(engine):
             server.stop(grace_s=0)
     assert len(ids[0]) == len(ids[1]) == 4 and not ids[0] & ids[1]
     assert all(i.startswith(("p0/", "p1/")) for i in ids[0])  # <request>/<sample>:<tag>
+
+
+def test_an_opening_that_cannot_replace_the_generation_prompt_is_appended_as_it_is(engine, tiny_tokenizer):
+    from rlfleet.env.chat import ObservationRenderer
+    from rlfleet.env.types import Message, Observation
+
+    chatml = ObservationRenderer(engine.tokenizer)
+    user = Observation(messages=(Message("user", "You have two tries."),))
+    prompt = engine.tokenizer("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False)["input_ids"]
+    trim, text = chatml.opening(user, prompt)
+    assert trim == 3 and text == "<|im_start|>user\nYou have two tries.<|im_end|>\n<|im_start|>assistant\n"
+    # raw text: the server owns the format, appended right after the prompt
+    assert chatml.opening(Observation(text="Go."), prompt) == (0, "Go.")
+    # a plain-string prompt (no generation prompt at its end): nothing to replace
+    plain = engine.tokenizer("Reverse 12:", add_special_tokens=False)["input_ids"]
+    assert chatml.opening(user, plain)[0] == 0
+    # a tokenizer without a chat template: the contents on lines of their own
+    assert ObservationRenderer(tiny_tokenizer).opening(user, plain) == (0, "\nYou have two tries.\n")
