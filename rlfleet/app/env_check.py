@@ -33,6 +33,7 @@ from rlfleet.env.types import Action
 from rlfleet.proto.v1 import environment_pb2 as pb
 from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc import env_convert
+from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import open_channel
 from rlfleet.app import conformance
 from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, ServerChecker  # noqa: F401 (re-exported)
@@ -269,7 +270,9 @@ class EnvContractChecker(ServerChecker):
         try:
             first = next(stream)
         except grpc.RpcError as err:
-            raise Failed(f"grpc.health.v1 Watch failed: {err.code().name}: {err.details()}") from None
+            why = f"{err.code().name}: {err.details()}"
+            release_call(err)  # a failed stream must not wait for the final collection
+            raise Failed(f"grpc.health.v1 Watch failed: {why}") from None
         except StopIteration:
             raise Failed("grpc.health.v1 Watch ended without a status") from None
         finally:
@@ -314,7 +317,9 @@ class EnvContractChecker(ServerChecker):
                     return "NOT_SERVING after SIGTERM"
         except grpc.RpcError as err:
             said = [health_pb2.HealthCheckResponse.ServingStatus.Name(s) for s in seen]
-            raise Failed(f"after SIGTERM the server went ({err.code().name}) without saying NOT_SERVING "
+            code = err.code().name
+            release_call(err)
+            raise Failed(f"after SIGTERM the server went ({code}) without saying NOT_SERVING "
                          f"(Watch said {said})") from None
         except ProcessLookupError:
             raise Failed(f"no process {self.stop_pid} to send SIGTERM") from None
