@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from rlfleet.addresses import check_address
 from rlfleet.algorithm import AlgorithmConfig, load_plugins, registered
 from rlfleet.errors import ConfigError
 from rlfleet.extensions import ROLLOUT_ENGINES
+from rlfleet.config_hints import describe_unknown_key
 from rlfleet.config_sections import Section, ServiceEndpointConfig
 from rlfleet.learner_config import LearnerConfig
 from rlfleet.overrides import apply_overrides, yaml_problem
@@ -315,6 +316,16 @@ def default_prompts_per_request(cfg: JobConfig) -> int:
     return max(1, min(cfg.rollout.max_batch_sequences // cfg.rollout.n, per_replica))
 
 
+def known_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every key of the job config, dotted (`learner.lr`), sections' keys included."""
+    keys = []
+    for name, field in (model or JobConfig).model_fields.items():
+        keys.append(prefix + name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys.extend(known_keys(field.annotation, f"{prefix}{name}."))
+    return keys
+
+
 def _format_errors(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -322,7 +333,7 @@ def _format_errors(exc: ValidationError) -> str:
         if not err["loc"]:
             lines.append(err["msg"].removeprefix("Value error, "))
         elif err["type"] == "extra_forbidden":
-            lines.append(f"unknown config key {key!r}")
+            lines.append(describe_unknown_key(key, err.get("input"), known_keys()))
         else:
             lines.append(f"{key} = {err.get('input')!r}: {err['msg']}")
     return "; ".join(lines)
