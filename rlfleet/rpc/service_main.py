@@ -164,6 +164,8 @@ def run_service(role: str, cfg: JobConfig, endpoint: ServiceEndpointConfig, serv
         _fail_loading(cfg.run.dir, name, server, exc)
     server.install_signal_handlers()  # from now on a signal stops it cleanly, letting RPCs finish
     server.mark_serving()
+    # on the terminal of a service started by hand (`rlfleet run` sends its services' stdout nowhere)
+    print(f"rlfleet {name} service: serving on {server.address}", flush=True)
     if on_serving is not None:
         try:
             on_serving(server)

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.e2e]
 
 
 def test_serve_prints_where_it_serves(run_dir, tmp_path):
-    service = start("serve", "reward", f"run.output_dir={run_dir}", "run.name=by-hand", log=tmp_path / "reward")
+    service = start("serve", "reward", f"run.output_dir={run_dir}", "run.name=by-hand",
+                    log=tmp_path / "reward")
     try:
         line = wait_for("the serving line", lambda: re.search(
             r"rlfleet reward service: serving on (127\.0\.0\.1:\d+)", (tmp_path / "reward.out").read_text()),
