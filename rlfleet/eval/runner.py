@@ -8,6 +8,8 @@ the controller's periodic validation share this code.
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Iterator
 
 from rlfleet.data.prompts import Prompt
@@ -85,9 +87,11 @@ def run_eval(
     from tqdm import tqdm
 
     samples: list[EvalSample] = []
-    bar = tqdm(
-        total=len(prompts), desc="eval", unit="prompt", disable=None if progress else True, leave=False
-    )
+    # A bar on a terminal; elsewhere (a log, a pipe) a line per request, as `run` and `sft` print steps.
+    lines = progress and not sys.stderr.isatty()
+    bar = tqdm(total=len(prompts), desc="eval", unit="prompt",
+               disable=True if lines or not progress else None, leave=False)
+    started = time.perf_counter()
     try:
         for start in range(0, len(prompts), prompts_per_request):
             chunk = {f"eval-{p.index}": p for p in prompts[start : start + prompts_per_request]}
@@ -98,11 +102,15 @@ def run_eval(
                 if group.request_id not in chunk or group.request_id in seen:
                     raise RlfleetError(f"generation returned an unexpected group {group.request_id!r}")
                 seen[group.request_id] = group
+                bar.update(1)  # as each group arrives: the bar moves while a request generates
             # Scored once the stream has ended: a score that waits (a reward outage, waited out by
             # the controller) must not hold a Generate stream open until its deadline.
             for request_id, group in seen.items():
                 samples.extend(_score_group(chunk[request_id], group, score))
-                bar.update(1)
+            if lines:
+                done = min(start + prompts_per_request, len(prompts))
+                print(f"rlfleet: eval {done}/{len(prompts)} prompts ({time.perf_counter() - started:.0f}s)",
+                      flush=True)
             if len(seen) != len(chunk):
                 missing = sorted(set(chunk) - set(seen))[:3]
                 raise RlfleetError(
