@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -103,7 +105,29 @@ def load_examples(files: list[Path], tokenizer: Any, prompt_key: str, response_k
     """Every usable row as an example, and how many were left out for being longer than
     `max_length` tokens (prompt + response; never truncated). A row with `messages_key` is a
     conversation (its tools in `tools_key`), any other a (prompt, response) pair."""
-    eos = _eos_ids(tokenizer, eos_ids)
+    with _no_length_limit(tokenizer):
+        return _load_examples(files, tokenizer, prompt_key, response_key, max_length,
+                              _eos_ids(tokenizer, eos_ids), messages_key, tools_key)
+
+
+@contextmanager
+def _no_length_limit(tokenizer: Any) -> Iterator[None]:
+    """The rows are measured here and the long ones left out against max_length: the tokenizer's own
+    limit would only print transformers' "Token indices sequence length is longer than the specified
+    maximum" for each of them (issue 32). Lifted while they are tokenized, then put back."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is None:
+        yield
+        return
+    tokenizer.model_max_length = int(1e30)  # transformers' own "no limit" (VERY_LARGE_INTEGER)
+    try:
+        yield
+    finally:
+        tokenizer.model_max_length = limit
+
+
+def _load_examples(files: list[Path], tokenizer: Any, prompt_key: str, response_key: str, max_length: int,
+                   eos: list[int], messages_key: str, tools_key: str) -> tuple[list[SftExample], int]:
     examples: list[SftExample] = []
     too_long = offset = 0
     conversations = None
