@@ -27,9 +27,12 @@
 #   learner-gap  why the learner step took 0.90 s in the run and 0.50 s in the profile: the default
 #                layout on fresh batches (shapes change each step), with and without the run's 0.60 cap
 #   "calculator N [key=value ...]"  the calculator recipe (docs/recipes/calculator-smollm2.md) on setup's
-#                model and data: rlfleet eval of the base model without and with the tool, N steps of
-#                rlfleet run (which serves the calculator itself; rlfleet eval serves it in-process), the
-#                trained model evaluated both ways; a table (bench/calculator_table.py). The overrides go
+#                model, in one call (~8-9 min with N=80): the hard arithmetic task (20,000 train, 500 test)
+#                and 4,000 tool-use traces played against the calculator (rlfleet data traces), rlfleet sft
+#                on the traces (2 epochs), N steps of GRPO from the SFT model (rlfleet run serving the
+#                calculator in its own process); base, SFT and SFT+GRPO each evaluated without and with
+#                the tool (rlfleet eval serves it in-process); $OUT/calculator-summary.json, the table
+#                (bench/calculator_table.py) in calculator-table.txt, and calc-raw.tgz. The overrides go
 #                to every command (a CPU dry run: tests/e2e/test_onegpu_calculator_phase.py)
 #   "parity N SEEDS [E]"  all at once on the one GPU: SEEDS rlfleet runs of the arithmetic recipe at S=0
 #                (run.seed 1..SEEDS, evaluating at step 0 and every E, default 20) and SEEDS TRL runs
@@ -213,35 +216,69 @@ gsm8k_base() {  # the base model on GSM8K test, its samples kept for re-scoring
     | tail -3
 }
 
-# calculator N [key=value ...]: see the header. Each command has its own timeout (150 s per evaluation,
-# 330 s for the training run); 16 training samples per step are kept (samples-calc-N.jsonl).
+# calculator N [key=value ...]: see the header. The hard task, traces and the SFT are written here; the
+# base model's two evaluations run beside the SFT, the SFT model's beside the GRPO run, the trained
+# model's two side by side; each command's timeout leaves the later ones their time (left).
 calculator() {
-  local n=$1 name=calc-$1 t
+  local n=$1 t d=$work/calc-raw sft=$work/calc-sft name=calc-grpo
   shift
-  local calc=(--config deploy/configs/calculator-smollm2-135m.yaml "model.path=$work/models/smollm2-135m"
-              "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]"
-              "run.output_dir=$work/outputs")
-  local no_tool=(env.name=null "rollout.stop=[]")  # the single-turn recipe's prompts and sampling
-  evaluate() {  # evaluate MODEL REPORT [key=value ...]
-    t=$SECONDS
-    timeout 150 python3 -m rlfleet.app.cli eval "${calc[@]}" --model "$1" --output "$out/$2" "${@:3}" 2>&1 \
-      | quiet | grep -v "^rlfleet: report" | tail -3
-    echo "--- eval $2: $((SECONDS - t)) s"
+  local level=hard train_rows=20000 test_rows=500 traces=4000 sft_steps=(--epochs 2 --batch-size 32) small=()
+  if [ "$cpu" = 1 ]; then
+    train_rows=32 test_rows=4 traces=16 sft_steps=(--max-steps 2 --batch-size 4)
+    # the tiny model's 256-token context holds no tools' system message, '####' instruction nor hard trace
+    [ -n "${ONEGPU_MODEL:-}" ] || { small=(--instruction ""); level=easy; }
+  fi
+  local tiny_env=()
+  [ ${#small[@]} -gt 0 ] && tiny_env=(env.tools_in_prompt=false)
+  local calc=(--config deploy/configs/calculator-hard-smollm2-135m.yaml "model.path=$model"
+              "data.train_files=[$work/data/hard-train.parquet]" "data.val_files=[$work/data/hard-test.parquet]"
+              "run.output_dir=$work/outputs" "${shrink[@]}" "${tiny_env[@]}" "$@")
+  local no_tool=(env.name=null "rollout.stop=[]")  # the same prompts without the tools, single turn
+  evaluate() {  # MODEL REPORT RESERVE_S [key=value ...]
+    local t0=$SECONDS
+    timeout -k 10 "$(left "$3")" "$py" -m rlfleet.app.cli eval "${calc[@]}" --model "$1" --output "$d/$2" \
+      "${@:4}" > "$d/${2%.json}.log" 2>&1 || { echo "eval $2 failed:"; tail -3 "$d/${2%.json}.log"; }
+    echo "--- eval $2: $((SECONDS - t0)) s"
   }
-  evaluate "$work/models/smollm2-135m" calc-base-notool.json "$@" "${no_tool[@]}"
-  evaluate "$work/models/smollm2-135m" calc-base-tool.json "$@"
+  rm -rf "$d" "$sft" "$work/outputs/$name" && mkdir -p "$d"
   t=$SECONDS
-  timeout 330 python3 -m rlfleet.app.cli run "${calc[@]}" run.name="$name" controller.max_steps="$n" \
-    controller.eval_every=0 controller.eval_before_train=false learner.checkpoint_every=0 \
-    controller.samples_per_step=16 "$@" 2>&1 \
-    | quiet | grep -v '"event": "step"' | tail -6
-  echo "--- run: $((SECONDS - t)) s"
-  cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
-  cp "$work/outputs/$name/samples/train.jsonl" "$out/samples-$name.jsonl" 2>/dev/null
-  evaluate "$work/outputs/$name" calc-trained-notool.json "$@" "${no_tool[@]}"
-  evaluate "$work/outputs/$name" calc-trained-tool.json "$@"
-  python3 bench/calculator_table.py --evals "$out"/calc-{base-notool,base-tool,trained-notool,trained-tool}.json \
-    --metrics "$out/metrics-$name.jsonl" --out "$out/calculator-summary.json"
+  rlfleet data arithmetic --level $level --output "$work/data/hard-train.parquet" --rows $train_rows \
+    "${small[@]}" 2>&1 | tail -1
+  rlfleet data arithmetic --level $level --output "$work/data/hard-test.parquet" --rows $test_rows --split test \
+    "${small[@]}" 2>&1 | tail -1
+  local tools_flag=()
+  [ ${#small[@]} -gt 0 ] && tools_flag=(--tools-in-prompt false)
+  rlfleet data traces --env calculator --task arithmetic --level $level --rows $traces --seed 1 \
+    --output "$work/data/hard-traces.parquet" "${small[@]}" "${tools_flag[@]}" 2>&1 | grep "^rlfleet"
+  echo "--- data: $((SECONDS - t)) s"
+  { evaluate "$model" calc-base-notool.json 420 "${no_tool[@]}"; evaluate "$model" calc-base-tool.json 400; } &
+  local base_evals=$!
+  t=$SECONDS
+  timeout -k 10 "$(left 380)" "$py" -m rlfleet.app.cli sft --config deploy/configs/calculator-sft-smollm2-135m.yaml \
+    "model.path=$model" "${shrink[@]}" "$@" --data "$work/data/hard-traces.parquet" --output "$sft" \
+    "${sft_steps[@]}" > "$d/sft.log" 2>&1
+  grep "^rlfleet: sft" "$d/sft.log"; echo "--- sft: $((SECONDS - t)) s"
+  cp "$sft/metrics.jsonl" "$d/metrics-calc-sft.jsonl" 2>/dev/null
+  [ -f "$sft/model/config.json" ] || { tail -5 "$d/sft.log"; wait; return 1; }
+  { evaluate "$sft/model" calc-sft-notool.json 120 "${no_tool[@]}"; evaluate "$sft/model" calc-sft-tool.json 90; } &
+  t=$SECONDS
+  timeout -k 20 "$(left 90)" "$py" -m rlfleet.app.cli run "${calc[@]}" model.path="$sft/model" run.name=$name \
+    controller.max_steps="$n" controller.eval_every=0 controller.eval_before_train=false \
+    learner.checkpoint_every=20 controller.samples_per_step=16 > "$d/grpo.log" 2>&1 \
+    || { echo "grpo run stopped early:"; tail -4 "$d/grpo.log" | quiet; }
+  echo "--- grpo: $((SECONDS - t)) s"
+  cp "$work/outputs/$name/metrics.jsonl" "$d/metrics-$name.jsonl" 2>/dev/null
+  cp "$work/outputs/$name/samples/train.jsonl" "$d/samples-$name.jsonl" 2>/dev/null
+  wait  # the base and SFT evaluations
+  evaluate "$work/outputs/$name" calc-grpo-notool.json 15 "${no_tool[@]}" &
+  evaluate "$work/outputs/$name" calc-grpo-tool.json 15 &
+  wait
+  "$py" bench/calculator_table.py --arm "base, no tool=$d/calc-base-notool.json" \
+    --arm "base, with tool=$d/calc-base-tool.json" --arm "sft, no tool=$d/calc-sft-notool.json" \
+    --arm "sft, with tool=$d/calc-sft-tool.json" --arm "sft+grpo, no tool=$d/calc-grpo-notool.json" \
+    --arm "sft+grpo, with tool=$d/calc-grpo-tool.json" --sft-metrics "$d/metrics-calc-sft.jsonl" \
+    --grpo-metrics "$d/metrics-$name.jsonl" --out "$out/calculator-summary.json" | tee "$out/calculator-table.txt"
+  tar czf "$out/calc-raw.tgz" -C "$work" calc-raw  # reports, samples, logs, metrics
 }
 
 # reasoning-gym N TASK [key=value ...]: see the header. The data need the wheels of bench/make_wheels.sh
