@@ -24,6 +24,7 @@ ARMS = ("base, no tool", "base, with tool", "sft, no tool", "sft, with tool", "s
         "sft+grpo, with tool")
 
 
+@pytest.mark.timeout(2400)  # SmolLM2 on two shared cores: six evaluations, 2 SFT steps, 1 GRPO step
 def test_the_calculator_phase_runs_its_commands_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     out.mkdir()
