@@ -39,6 +39,7 @@ from rlfleet.proto.v1 import (
 )
 from rlfleet.rpc.channel import health_check, open_channel
 from rlfleet.rpc.security import Security
+from rlfleet.app.openenv_check import is_openenv_address
 
 _STUBS = {
     "rollout": rollout_pb2_grpc.RolloutStub,
@@ -166,6 +167,16 @@ def _query(row: dict[str, Any], security: Security | None, fleet: dict[str, str]
     finally:
         channel.close()
     return []
+
+
+def _query_openenv(row: dict[str, Any]) -> None:
+    """An OpenEnv server's row (env.kind=openenv): its health is its GET /health."""
+    from rlfleet.rpc.openenv_wire import endpoint_of, healthy
+
+    up = healthy(endpoint_of(row["address"]), timeout_s=5.0)
+    row["health"] = "SERVING" if up else "UNREACHABLE"
+    if not up:
+        row["last_error"] = f"GET {endpoint_of(row['address']).http}/health did not answer healthy"
 
 
 def _restart_counts(folder: Path) -> dict[str, int]:
@@ -300,7 +311,7 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
         if ("env", address) not in known and address not in {r["address"] for r in rows}:
             known.add(("env", address))
             extra = _row("env", address, pid="external")
-            _query(extra, security)
+            _query_openenv(extra) if is_openenv_address(address) else _query(extra, security)
             _fill_environment(extra, env)
             rows.append(extra)
     for row in rows:

@@ -298,3 +298,14 @@ def test_endpoints_of_the_address_forms():
     assert Endpoint.parse("ws://h:8000/ws") == Endpoint("http://h:8000", "ws://h:8000/ws")
     assert Endpoint.parse("https://h/env/") == Endpoint("https://h/env", "wss://h/env/ws")
     assert Endpoint.parse("h:1") == Endpoint("http://h:1", "ws://h:1/ws")
+
+
+def test_status_reads_an_openenv_servers_health_from_its_http_endpoint():
+    from rlfleet.app import status
+
+    with serving("digits") as address:
+        row = {"role": "env", "address": address, "health": "", "last_error": ""}
+        status._query_openenv(row)
+        assert row["health"] == "SERVING" and not row["last_error"]
+    status._query_openenv(row)  # the server is gone now
+    assert row["health"] == "UNREACHABLE" and f"{address}/health" in row["last_error"]
