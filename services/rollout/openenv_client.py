@@ -14,7 +14,9 @@ back per episode with their cause, as the gRPC client's do, and close that episo
     episode_error  the server answered an error (its step raised, it is at capacity, ...)
 
 An action the server rejects as invalid (VALIDATION_ERROR) is not a failure: the model is told
-the server's message, as a tool error, and the episode goes on.
+the server's message, as a tool error, and the episode goes on. A session left open by an episode
+the agent loop gave up on (its Generate call cancelled) is closed once idle for `idle_s`, so that
+such sessions do not use up the server's session slots.
 """
 from __future__ import annotations
 
@@ -37,12 +39,14 @@ def failed(episode_id: str, cause: str, error: str) -> StepResult:
 
 class OpenEnvClient:
     def __init__(self, address: str, timeout_s: float = 30.0, max_concurrency: int = 4, reward: str = "sum",
-                 spec: ActionSpec | None = None):
+                 spec: ActionSpec | None = None, idle_s: float | None = None):
         self.address, self.timeout_s, self.reward_mode = address, timeout_s, reward
         self.endpoint = endpoint_of(address)
         self.spec = spec
         RewardTally(reward)  # checks the mode now
         self._sessions: dict[str, Session] = {}
+        self._last_used: dict[str, float] = {}
+        self.idle_s = idle_s if idle_s is not None else max(600.0, 20 * timeout_s)
         self._tallies: dict[str, RewardTally] = {}
         self._loop = asyncio.new_event_loop()
         self._limit = asyncio.Semaphore(max_concurrency)
@@ -57,6 +61,10 @@ class OpenEnvClient:
             except Exception as err:  # noqa: BLE001 - typed below; the episodes fail with the cause
                 return [failed(r.episode_id, _cause(err), f"episode {r.episode_id}: {self._name(err)}")
                         for r in rows], 0.0
+        now = time.monotonic()
+        idle = [i for i, used in self._last_used.items() if now - used > self.idle_s]
+        if idle:
+            self._run([self._abandon(i) for i in idle])
         return self._run([self._start(r) for r in rows])
 
     def step(self, actions: Sequence[Action]) -> tuple[list[StepResult], float]:
@@ -110,6 +118,7 @@ class OpenEnvClient:
             async with self._limit:
                 session = await Session.open(self.endpoint.ws, self.timeout_s)
                 self._sessions[episode_id] = session
+                self._last_used[episode_id] = time.monotonic()
                 self._tallies[episode_id] = RewardTally(self.reward_mode)
                 reply = await session.request({"type": "reset", "data": reset_arguments(row)}, self.timeout_s)
             answer = parse_answer(reply, "user")
@@ -123,6 +132,7 @@ class OpenEnvClient:
         if session is None:
             return failed(episode_id, EPISODE_ERROR, f"episode {episode_id}: no open session on OpenEnv "
                           f"server {self.address} (the episode was not started, or is over)")
+        self._last_used[episode_id] = time.monotonic()
         built = build_action(self.spec, turn)
         if built.action is None:
             return self._told(episode_id, built.error)
@@ -174,7 +184,12 @@ class OpenEnvClient:
             return f"a reply that breaks OpenEnv's format: {err}"
         return str(err) or type(err).__name__
 
+    async def _abandon(self, episode_id: str) -> None:
+        self._tallies.pop(episode_id, None)
+        await self._close_session(episode_id)
+
     async def _close_session(self, episode_id: str) -> None:
+        self._last_used.pop(episode_id, None)
         session = self._sessions.pop(episode_id, None)
         if session is not None:
             await session.close()

@@ -309,3 +309,18 @@ def test_status_reads_an_openenv_servers_health_from_its_http_endpoint():
         assert row["health"] == "SERVING" and not row["last_error"]
     status._query_openenv(row)  # the server is gone now
     assert row["health"] == "UNREACHABLE" and f"{address}/health" in row["last_error"]
+
+
+def test_a_session_its_episode_left_idle_is_closed_when_episodes_start_later(digits):
+    """An episode the agent loop gave up on (its Generate call cancelled) holds a session slot on the
+    server until it has been idle for idle_s; the next start closes it."""
+    import time
+
+    client = OpenEnvClient(digits, timeout_s=10.0, idle_s=0.5)
+    try:
+        client.start([EpisodeRow("abandoned", "d", "p", "12")])
+        time.sleep(1.0)
+        client.start([EpisodeRow("fresh", "d", "p", "34")])
+        assert list(client._sessions) == ["fresh"] and list(client._tallies) == ["fresh"]
+    finally:
+        client.close()
