@@ -13,11 +13,12 @@ META = {"metadata": {"type": "object"}}  # OpenEnv's Action base field, never fi
 
 
 def schema(properties: dict, required=(), title="A") -> dict:
-    return {"title": title, "type": "object", "properties": {**META, **properties}, "required": list(required)}
+    return {"title": title, "type": "object", "properties": {**META, **properties},
+            "required": list(required)}
 
 
 @pytest.mark.parametrize("s, mode, field", [
-    (schema({"message": {"type": "string"}}, ["message"]), TEXT, "message"),       # OpenEnv's echo style
+    (schema({"message": {"type": "string"}}, ["message"]), TEXT, "message"),  # OpenEnv's echo style
     (schema({"text": {"type": "string"}}), TEXT, "text"),                          # the only field, optional
     (schema({"cmd": {"type": "string"}, "t": {"type": "number"}}, ["cmd"]), TEXT, "cmd"),  # one required string
     (schema({"x": {"type": "integer"}}, ["x"]), TYPED, ""),                        # not a string
