@@ -20,7 +20,7 @@ def schema(properties: dict, required=(), title="A") -> dict:
 @pytest.mark.parametrize("s, mode, field", [
     (schema({"message": {"type": "string"}}, ["message"]), TEXT, "message"),  # OpenEnv's echo style
     (schema({"text": {"type": "string"}}), TEXT, "text"),                          # the only field, optional
-    (schema({"cmd": {"type": "string"}, "t": {"type": "number"}}, ["cmd"]), TEXT, "cmd"),  # one required string
+    (schema({"cmd": {"type": "string"}, "t": {"type": "number"}}, ["cmd"]), TEXT, "cmd"),  # one required
     (schema({"x": {"type": "integer"}}, ["x"]), TYPED, ""),                        # not a string
     (schema({"a": {"type": "string"}, "b": {"type": "string"}}, ["a", "b"]), TYPED, ""),   # two to fill
     (schema({"a": {"type": "string"}, "b": {"type": "string"}}), TYPED, ""),       # two optional: which?
