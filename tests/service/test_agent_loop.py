@@ -161,3 +161,39 @@ def test_a_slow_or_missing_environment_fails_episodes_not_the_rollout(engine):
     groups = list(loop.generate(prompts(engine), PARAMS))
     assert [c.env_failure for g in groups for c in g.completions] == ["unavailable"] * 4
     dead.close()
+
+
+class OneSlowTool(Environment):
+    """Every episode ends at its first answer, but the first answer to prompt p0 waits for `released`
+    (set by the test once every other episode is over) or gives up after `patience_s`."""
+
+    def __init__(self, patience_s: float):
+        self.released, self.patience_s = threading.Event(), patience_s
+        self.waited_out = False
+
+    def start(self, row):
+        return {"slow": row.ground_truth == "1274"}  # prompt p0: "Reverse the digits: 4721"
+
+    def step(self, state, action):
+        if state.pop("slow", False):
+            self.waited_out = not self.released.wait(self.patience_s)
+            return Step(observation=[Message("tool", "42")])
+        return Step(done=True)
+
+
+def test_a_slow_tool_stalls_its_episode_not_the_batch(engine):
+    """While p0's tool call is pending, the other prompts' episodes are answered, end, and come out of
+    the loop; only then is p0's tool released. A loop that waits for every answer of a turn before
+    going on never yields them while p0 waits, and p0's call gives up after `patience_s` instead."""
+    env = OneSlowTool(patience_s=60.0)
+    with serve(env, block=False) as server:
+        client = EnvClient(server.address, timeout_s=120.0)
+        loop = AgentLoop(engine, client, engine.tokenizer, 3, None, engine.max_seq_len)
+        order = []
+        for group in loop.generate(prompts(engine, ("4721", "905", "318")), PARAMS):
+            order.append(group.request_id)
+            if sorted(order) == ["p1", "p2"]:
+                env.released.set()
+        client.close()
+    assert not env.waited_out, "the other episodes waited for the slow tool call (a batch-wide stall)"
+    assert sorted(order[:2]) == ["p1", "p2"] and order[2] == "p0"
