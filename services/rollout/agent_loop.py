@@ -1,10 +1,15 @@
 """The agent loop: multi-turn episodes against an environment server.
 
-For every prompt of a Generate request, `n` episodes start from its data row. Then, turn after
-turn, for all episodes still running at once:
+For every prompt of a Generate request, `n` episodes start from its data row. Then, over and over:
 
-    generate one turn (the engine, batched) -> parse its tool calls -> send the turns to the
-    environment (one batched Step) -> append each observation through the chat template -> ...
+    generate one turn for every episode whose answer is in (the engine, batched) -> parse its tool
+    calls -> send each turn to the environment (a Step call per episode, `max_concurrency` in flight)
+    -> append each answer's observation through the chat template as it arrives -> ...
+
+An episode waiting for its tool never holds up the others: once the first answer of a round is in,
+the loop waits at most STRAGGLER_WAIT_S for the rest, then generates the next turn of those answered;
+the late ones join a later round. With a fast environment every answer of a round arrives together,
+so the turns stay batched as before.
 
 until the environment says done, `max_turns` turns were taken, or the episode's token budget
 (`max_episode_tokens`, and the model's context) has no room for another observation and turn;
@@ -28,6 +33,7 @@ from __future__ import annotations
 import secrets
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 import structlog
@@ -46,11 +52,16 @@ from services.rollout.env_transport import build_env_client
 
 log = structlog.get_logger(__name__)
 
+# How long the answers of a round may come after its first before the answered episodes go on without
+# them: long against a local tool's milliseconds (a round stays one batch), short against a turn's decode.
+STRAGGLER_WAIT_S = 0.25
+
 
 class AgentLoop:
     def __init__(self, engine: RolloutEngine, env: EnvClient, tokenizer, max_turns: int,
-                 max_episode_tokens: int | None, max_context: int):
+                 max_episode_tokens: int | None, max_context: int, max_concurrency: int = 4):
         self.engine, self.env = engine, env
+        self._calls = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode-step")
         self.renderer = ObservationRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.max_turns = max_turns
@@ -76,20 +87,24 @@ class AgentLoop:
         rows = {p.request_id: p.row for p in prompts}
         everyone = [e for group in episodes.values() for e in group]
         started = False
+        pending: dict[Future, Episode] = {}  # a Step call in flight per episode
         try:
             self._start(everyone, rows)
             started = True
             done_groups: set[str] = set()
-            turn = 0
+            order = {e.episode_id: k for k, e in enumerate(everyone)}
+            ready = [e for e in everyone if not e.finished]
             while True:
                 yield from self._finished_groups(episodes, done_groups)
-                running = [e for e in everyone if not e.finished]
-                if not running:
+                if not ready and not pending:
                     return
-                turn += 1
-                self._generate_turn(running, params, turn)
-                self._step(running, turn)
+                if ready:
+                    self._generate_turn(ready, params)
+                    pending.update({self._calls.submit(self._step_one, e): e for e in ready})
+                ready = sorted(self._answered(pending), key=lambda e: order[e.episode_id])
         finally:  # a failed generation, or the caller stopped reading (a cancelled Generate)
+            for call in pending:
+                call.cancel()
             unfinished = [e.episode_id for e in everyone if not e.finished]
             if started and unfinished:
                 self.env.end_quietly(unfinished, END_ABORTED)
@@ -120,11 +135,12 @@ class AgentLoop:
                 e.add_observation(ids, text)
         self._end_failed(episodes, results)
 
-    def _generate_turn(self, running: list[Episode], params: SamplingParams, turn: int) -> None:
-        by_room: dict[int, list[Episode]] = defaultdict(list)
+    def _generate_turn(self, running: list[Episode], params: SamplingParams) -> None:
+        """The next turn of each episode, batched by its token room and turn number (the turn's seed)."""
+        by_room: dict[tuple[int, int], list[Episode]] = defaultdict(list)
         for e in running:
-            by_room[min(params.max_new_tokens, e.room)].append(e)
-        for max_new, members in by_room.items():
+            by_room[(min(params.max_new_tokens, e.room), len(e.turns) + 1)].append(e)
+        for (max_new, turn), members in by_room.items():
             turn_params = replace(params, n=1, max_new_tokens=max_new,
                                   seed=None if params.seed is None else params.seed + 7919 * turn)
             requests = [PromptRequest(e.episode_id, e.context_ids) for e in members]
@@ -136,14 +152,26 @@ class AgentLoop:
                     c.token_ids, c.logprobs, c.policy_version, c.last_policy_version, text, c.finish_reason,
                     tool_calls=len(parse_tool_calls(text)))
 
-    def _step(self, running: list[Episode], turn: int) -> None:
-        actions = [Action(episode_id=e.episode_id, text=e.turns[-1].text,
-                          tool_calls=parse_tool_calls(e.turns[-1].text), turn=turn,
-                          truncated=e.turns[-1].finish_reason == "length") for e in running]
-        results, latency_s = self.env.step(actions)
-        self._end_failed(running, results)
+    def _step_one(self, e: Episode) -> tuple[StepResult, float]:
+        """Sends the episode's last turn to the environment: its answer and the call's wall time."""
+        last = e.turns[-1]
+        action = Action(episode_id=e.episode_id, text=last.text, tool_calls=parse_tool_calls(last.text),
+                        turn=len(e.turns), truncated=last.finish_reason == "length")
+        results, latency_s = self.env.step([action])
+        return results[0], latency_s
+
+    def _answered(self, pending: dict[Future, Episode]) -> list[Episode]:
+        """Waits for the first answer in flight and, briefly, for the rest of its round; applies each
+        answer that came and returns the episodes that take another turn."""
+        done, rest = wait(pending, return_when=FIRST_COMPLETED)
+        if rest:
+            late, _ = wait(rest, timeout=STRAGGLER_WAIT_S)
+            done |= late
+        answered = [(pending.pop(call), *call.result()) for call in done]
+        self._end_failed([e for e, _, _ in answered], [r for _, r, _ in answered])
+        going_on: list[Episode] = []
         to_end: dict[str, list[Episode]] = defaultdict(list)
-        for e, result in zip(running, results):
+        for e, result, latency_s in answered:
             if not result.ok:
                 e.fail(result.failure, result.error)
                 continue
@@ -151,12 +179,15 @@ class AgentLoop:
             e.record_metrics(result.metrics)
             if result.done:  # a final answer cut at the token limit is one cut at the budget, as in one turn
                 e.finish(DONE if e.turns[-1].finish_reason == "stop" else TOKEN_BUDGET)
-            elif turn >= self.max_turns:
+            elif len(e.turns) >= self.max_turns:
                 to_end[MAX_TURNS].append(e)
             elif not self._observe(e, result, turn_ended_with_eos=e.token_ids[-1] in self.eos_ids):
                 to_end[TOKEN_BUDGET].append(e)
+            else:
+                going_on.append(e)
         for reason, members in to_end.items():
             self._end(members, reason)
+        return going_on
 
     def _observe(self, e: Episode, result: StepResult, turn_ended_with_eos: bool) -> bool:
         """Appends the observation if it leaves room for a turn; False (nothing appended) if not."""
@@ -206,4 +237,5 @@ def build_agent(engine: RolloutEngine, rollout: RolloutConfig, env: EnvConfig,
         raise ConfigError(f"rollout.backend={rollout.backend} exposes no tokenizer or context length: it "
                           "cannot run multi-turn episodes (env.*)")
     client = build_env_client(env, security)  # by env.kind: gRPC or OpenEnv
-    return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context)
+    return AgentLoop(engine, client, tokenizer, rollout.max_turns, rollout.max_episode_tokens, max_context,
+                     env.max_concurrency)
