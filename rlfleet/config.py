@@ -142,7 +142,8 @@ class EnvConfig(Section):
                       "serve --config` serve env.name on; 0 picks a free one")
     timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="deadline of one call (a batch of "
                              "episodes' turns); a late call fails its episodes (env/failed/timeout)")
-    batch_size: int = Field(64, ge=1, le=4096, description="episodes per call to the environment")
+    batch_size: int = Field(64, ge=1, le=4096, description="episodes per call to the environment at most "
+                            "(a round's Steps go in env.max_concurrency calls at once)")
     max_concurrency: int = Field(4, ge=1, le=256, description="calls in flight to the environment at once "
                                  "(env.kind=openenv: messages, one per episode; raise it for a slow server)")
     max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while the "

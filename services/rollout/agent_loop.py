@@ -3,13 +3,14 @@
 For every prompt of a Generate request, `n` episodes start from its data row. Then, over and over:
 
     generate one turn for every episode whose answer is in (the engine, batched) -> parse its tool
-    calls -> send each turn to the environment (a Step call per episode, `max_concurrency` in flight)
-    -> append each answer's observation through the chat template as it arrives -> ...
+    calls -> send the turns to the environment (the round split into `max_concurrency` Step calls,
+    all in flight at once) -> append each call's observations through the chat template as it
+    arrives -> ...
 
-An episode waiting for its tool never holds up the others: once the first answer of a round is in,
-the loop waits at most STRAGGLER_WAIT_S for the rest, then generates the next turn of those answered;
-the late ones join a later round. With a fast environment every answer of a round arrives together,
-so the turns stay batched as before.
+An episode waiting for a slow tool holds up only the episodes of its own call, never the batch: once
+the first call of a round has answered, the loop waits at most STRAGGLER_WAIT_S for the others, then
+generates the next turn of the episodes answered; the late ones join a later round. With a fast
+environment every call of a round answers together, so the turns stay batched as before.
 
 until the environment says done, `max_turns` turns were taken, or the episode's token budget
 (`max_episode_tokens`, and the model's context) has no room for another observation and turn;
@@ -61,6 +62,7 @@ class AgentLoop:
     def __init__(self, engine: RolloutEngine, env: EnvClient, tokenizer, max_turns: int,
                  max_episode_tokens: int | None, max_context: int, max_concurrency: int = 4):
         self.engine, self.env = engine, env
+        self.max_concurrency = max_concurrency
         self._calls = ThreadPoolExecutor(max_concurrency, thread_name_prefix="episode-step")
         self.renderer = ObservationRenderer(tokenizer)
         self.tokenizer = tokenizer
@@ -87,7 +89,7 @@ class AgentLoop:
         rows = {p.request_id: p.row for p in prompts}
         everyone = [e for group in episodes.values() for e in group]
         started = False
-        pending: dict[Future, Episode] = {}  # a Step call in flight per episode
+        pending: dict[Future, list[Episode]] = {}  # the Step calls in flight and their episodes
         try:
             self._start(everyone, rows)
             started = True
@@ -100,7 +102,10 @@ class AgentLoop:
                     return
                 if ready:
                     self._generate_turn(ready, params)
-                    pending.update({self._calls.submit(self._step_one, e): e for e in ready})
+                    share = -(-len(ready) // self.max_concurrency)  # all of a round's calls in flight at once
+                    for k in range(0, len(ready), share):
+                        chunk = ready[k:k + share]
+                        pending[self._calls.submit(self._step, chunk)] = chunk
                 ready = sorted(self._answered(pending), key=lambda e: order[e.episode_id])
         finally:  # a failed generation, or the caller stopped reading (a cancelled Generate)
             for call in pending:
@@ -152,22 +157,24 @@ class AgentLoop:
                     c.token_ids, c.logprobs, c.policy_version, c.last_policy_version, text, c.finish_reason,
                     tool_calls=len(parse_tool_calls(text)))
 
-    def _step_one(self, e: Episode) -> tuple[StepResult, float]:
-        """Sends the episode's last turn to the environment: its answer and the call's wall time."""
-        last = e.turns[-1]
-        action = Action(episode_id=e.episode_id, text=last.text, tool_calls=parse_tool_calls(last.text),
-                        turn=len(e.turns), truncated=last.finish_reason == "length")
-        results, latency_s = self.env.step([action])
-        return results[0], latency_s
+    def _step(self, members: list[Episode]) -> tuple[list[StepResult], float]:
+        """Sends the episodes' last turns to the environment: their answers and the call's wall time."""
+        actions = [Action(episode_id=e.episode_id, text=e.turns[-1].text,
+                          tool_calls=parse_tool_calls(e.turns[-1].text), turn=len(e.turns),
+                          truncated=e.turns[-1].finish_reason == "length") for e in members]
+        return self.env.step(actions)
 
-    def _answered(self, pending: dict[Future, Episode]) -> list[Episode]:
-        """Waits for the first answer in flight and, briefly, for the rest of its round; applies each
-        answer that came and returns the episodes that take another turn."""
+    def _answered(self, pending: dict[Future, list[Episode]]) -> list[Episode]:
+        """Waits for the first call in flight to answer and, briefly, for the rest of its round; applies
+        the answers that came and returns the episodes that take another turn."""
         done, rest = wait(pending, return_when=FIRST_COMPLETED)
         if rest:
             late, _ = wait(rest, timeout=STRAGGLER_WAIT_S)
             done |= late
-        answered = [(pending.pop(call), *call.result()) for call in done]
+        answered = []
+        for call in done:
+            results, latency_s = call.result()
+            answered += [(e, result, latency_s) for e, result in zip(pending.pop(call), results)]
         self._end_failed([e for e, _, _ in answered], [r for _, r, _ in answered])
         going_on: list[Episode] = []
         to_end: dict[str, list[Episode]] = defaultdict(list)
