@@ -301,11 +301,16 @@ def collect(run_dir: Path, security: Security | None = None) -> list[dict[str, A
             rows.append(extra)
     # replicas that left and announced nowhere here (started by hand elsewhere, or under another
     # run.name): the controller says who left and why
-    left = sorted(a for a, state in fleet.items() if state.startswith("left") and
-                  a not in {r["address"] for r in rows})
-    for index, address in enumerate(left, 1):
+    # (with the controller gone, its journal does)
+    departed = {a: state for a, state in fleet.items() if state.startswith("left")}
+    if not answered:
+        if journal is None:
+            journal = departed_replicas(run_dir / "journal" / JOURNAL)
+        departed = {a: f"left: {why}" for a, why in journal.items()}
+    shown = {r["address"] for r in rows}
+    for index, address in enumerate(sorted(a for a in departed if a not in shown), 1):
         extra = _row(f"rollout-left-{index}", address, pid="external")
-        _mark_left(extra, fleet[address])
+        _mark_left(extra, departed[address])
         rows.append(extra)
     for address, env in environments.items():  # an environment server started elsewhere
         if ("env", address) not in known and address not in {r["address"] for r in rows}:

@@ -39,3 +39,25 @@ def test_a_replica_that_left_without_an_announce_file_here_is_listed_left(tmp_pa
         server.stop(grace_s=0)
     [left] = [r for r in rows if r["address"] == "10.1.2.3:50051"]
     assert left["health"] == LEFT and left["fleet"] == "left: sigterm", left
+
+
+def test_with_the_controller_gone_the_journal_names_who_left(tmp_path):
+    from controller.journal import Journal
+
+    run = tmp_path / "run"
+    (run / "services").mkdir(parents=True)
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{sock.getsockname()[1]}"
+    (run / "services" / "controller.json").write_text(json.dumps({
+        "role": "controller", "name": "controller", "address": closed, "metrics_port": 0,
+        "pid": os.getpid(), "host": os.uname().nodename}))
+    journal = Journal(run)
+    journal.record("joined", replica="10.1.2.3:50051", name="by-hand", version=0)
+    journal.record("left", replica="10.1.2.3:50051", name="by-hand", reason="drained")
+    journal.close()
+    rows = collect(run)
+    [left] = [r for r in rows if r["address"] == "10.1.2.3:50051"]
+    assert left["health"] == LEFT and left["fleet"] == "left: drained", left
