@@ -307,7 +307,9 @@ class WeightGroup:
             raise WeightSyncError(self._broken)
 
     def _make_pg(self, store: dist.Store) -> dist.ProcessGroup:
-        timeout = timedelta(seconds=self.timeout_s)
+        # gloo's own waits while it builds (connecting to every peer) end with the operation too; every
+        # later call on the group passes its own timeout
+        timeout = timedelta(seconds=self._left())
         if self.backend == "gloo":
             # Gloo otherwise binds the address the machine's hostname resolves to, which another
             # host (or a network namespace) may not reach: bind the interface that routes to the store.
