@@ -137,7 +137,8 @@ class SftTrainer:
                  "sft/loss": result.metrics["actor/pg_loss"], "actor/lr": result.metrics["actor/lr"],
                  "actor/grad_norm": result.metrics["actor/grad_norm"],
                  "actor/entropy": result.metrics.get("actor/entropy", 0.0),
-                 "sft/response_tokens": result.metrics["learner/tokens"], "sft/samples": float(len(batch)),
+                 "sft/response_tokens": result.metrics["learner/trained_tokens"],
+                 "sft/samples": float(len(batch)),
                  "timing/train_s": seconds, "perf/tokens_per_s": tokens / max(seconds, 1e-9)}
             last = step == plan.max_steps
             if plan.save_every and step % plan.save_every == 0 or last:

@@ -186,7 +186,10 @@ class PolicyUpdate:
                          for p in mini], counts.num_tokens))
         metrics = means.result()
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["learner/tokens"] = float(sum(len(s.response_ids) for s in batch.samples))
+        metrics["learner/tokens"] = float(sum(len(s.response_ids) for s in batch.samples))  # processed
+        # trained on (the token mean's count): a multi-turn response's observation tokens are context only
+        metrics["learner/trained_tokens"] = float(sum(sum(s.loss_mask) if s.loss_mask is not None
+                                                      else len(s.response_ids) for s in batch.samples))
         metrics["learner/micro_batches"] = float(sum(len(m) for m in minis))
         metrics["learner/optimizer_steps"] = float(self.algo.ppo_epochs * len(minis))
         return metrics
