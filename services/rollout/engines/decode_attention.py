@@ -40,7 +40,7 @@ if triton is not None:
     def _decode_attention_kernel(Q, K, V, VALID, COLUMN, OUT, scale,
                                  s_qb, s_qh, s_qg, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ob, s_oh, s_og,
                                  KV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                                 BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr):
+                                 BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, EXACT: tl.constexpr):
         pid = tl.program_id(0)
         b, h = pid // KV, pid % KV
         g = tl.arange(0, BLOCK_G)
@@ -56,7 +56,10 @@ if triton is not None:
             seen = tl.load(VALID + b * s_mb + cols, mask=inside, other=0) != 0
             k = tl.load(K + b * s_kb + h * s_kh + cols[:, None] * s_kl + d[None, :], mask=inside[:, None],
                         other=0.0)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if EXACT:  # float32 caches: full-precision dots, not the tensor cores' tf32
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             s = tl.where(seen[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with nothing visible yet
@@ -64,7 +67,10 @@ if triton is not None:
             p = tl.exp(s - m_safe[:, None])
             v = tl.load(V + b * s_vb + h * s_vh + cols[:, None] * s_vl + d[None, :], mask=inside[:, None],
                         other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            if EXACT:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         out = acc / l_i[:, None]
@@ -88,7 +94,8 @@ def triton_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
         q.stride(0), q.stride(1), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), valid_bytes.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        KV=KV, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_L=block_l)
+        KV=KV, G=G, D=D, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_L=block_l,
+        EXACT=q.dtype == torch.float32)
     return out
 
 
