@@ -44,7 +44,8 @@ def test_the_tool_result_of_a_recorded_episode_has_mask_0(tiny):
     assert all(lp < 0.0 for lp, m in zip(logprobs, mask) if m == 1)  # sampled tokens' own logprobs
 
 
-def test_the_learner_token_mean_leaves_the_tool_tokens_out(tiny, tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_learner_token_mean_leaves_the_tool_tokens_out(tiny, tmp_path, packed):
     """Under the `nll` loss (advantage 1, token mean) the learner's loss is the mean over the model's
     tokens only: computed here by hand from the model's log-probs with the tool tokens left out, and not
     moved by garbage behaviour log-probs at the tool tokens."""
@@ -67,8 +68,8 @@ def test_the_learner_token_mean_leaves_the_tool_tokens_out(tiny, tmp_path):
 
     def step(observation_logprob: float) -> dict:
         logprobs = [lp if m else observation_logprob for lp, m in zip(EPISODE["logprobs"], mask)]
-        learner = Learner(LearnerConfig(lr=1e-3), path, torch.device("cpu"), torch.float32, tmp_path / "ckpt",
-                          algorithm=SFT_ALGORITHM)
+        learner = Learner(LearnerConfig(lr=1e-3, pack_sequences=packed), path, torch.device("cpu"),
+                          torch.float32, tmp_path / "ckpt", algorithm=SFT_ALGORITHM)
         sample = TrainSample(prompt, ids, logprobs, advantage=1.0, generation_version=0, loss_mask=mask)
         return learner.train(TrainBatch(step=1, samples=[sample])).metrics
 
