@@ -7,6 +7,8 @@ import torch
 
 from rlfleet.profiling import StepProfiler, parse_steps
 
+pytestmark = pytest.mark.unit
+
 
 def test_steps_parse_and_bad_entries_are_named():
     assert parse_steps("8, 9,,") == {8, 9}
