@@ -30,6 +30,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     events = read_journal(run_dir / "journal" / "prompts.jsonl")
     trained = [e for e in events if e["event"] == "trained"]
     scored = {e["seq"]: e["t"] for e in events if e["event"] == "scored"}
+    received = {e["seq"]: e["t"] for e in events if e["event"] == "generated"}
     in_window = [e for e in trained if t0 <= e["t"] <= t1]
     steps = [json.loads(line) for line in (out / "learner.jsonl").read_text().splitlines() if line]
     arrived = {s["step"]: s["arrived"] for s in steps}
@@ -42,6 +43,10 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
             sent[seq] = when
             lag.append(when - due)
     to_buffer = [scored[s] - sent[s] for s in sent if s in scored and t0 <= sent[s] <= t1]
+    # the two stages of to_buffer: the stream into the controller, then waiting for and getting rewards
+    to_controller = [received[s] - sent[s] for s in sent if s in received and t0 <= sent[s] <= t1]
+    to_scored = [scored[s] - received[s] for s in sent
+                 if s in scored and s in received and t0 <= sent[s] <= t1]
     to_batch = [arrived[e["step"]] - sent[e["seq"]] for e in in_window
                 if e["step"] in arrived and e["seq"] in sent]
     # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
@@ -78,6 +83,9 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "controller_rss_mb_last": rss_mb[-1] if rss_mb else float("nan"),
         "to_buffer_ms_p50": 1000 * percentile(to_buffer, 50),
         "to_buffer_ms_p99": 1000 * percentile(to_buffer, 99),
+        "receive_ms_p50": 1000 * percentile(to_controller, 50),
+        "receive_ms_p99": 1000 * percentile(to_controller, 99),
+        "score_ms_p50": 1000 * percentile(to_scored, 50), "score_ms_p99": 1000 * percentile(to_scored, 99),
         "to_batch_ms_p50": 1000 * percentile(to_batch, 50),
         "to_batch_ms_p99": 1000 * percentile(to_batch, 99),
         "staleness_hist": {str(k): v for k, v in sorted(ages.items())},
