@@ -1,7 +1,8 @@
 """Plots of bench/fleet_sim.py's results: reads OUT/*/result.json, writes PNGs.
 
     python bench/fleet_sim_plots.py /tmp/fleet_runs bench/results/fleet_sim_2026-12-02
-writes PREFIX_scaling.png (throughput against ideal, controller CPU per group, admission latency,
+    python bench/fleet_sim_plots.py --table /tmp/fleet_runs     (the figures as a markdown table)
+The first writes PREFIX_scaling.png (throughput against ideal, controller CPU per group, admission latency,
 replica idle, controller memory against N, one line per staleness) and PREFIX_staleness.png.
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
         for r in results:
             if r["churn"]:
                 ax.scatter([r["replicas"]], [r[key]], marker="x", color="black", zorder=5)
+        if key.startswith("to_buffer"):
+            ax.set_yscale("log")
         if target is not None:
             ax.axhline(target, linestyle="--", color="grey", linewidth=1)
         ax.set_xscale("log", base=2)
@@ -61,5 +64,27 @@ def main() -> None:
     fig.savefig(f"{prefix}_staleness.png", dpi=90)
 
 
+def table(results: list[dict]) -> str:
+    """The figures as a markdown table, one row per run (steady runs by N and S, then churn)."""
+    head = ("| N | S | churn | K | groups/s (ideal) | of ideal | trained/s | controller CPU ms/group (share) "
+            "| completion → buffered p50 / p99 ms | → Train p50 / p99 s | idle | staleness | RSS MB "
+            "| weight sync p50 s | lost / twice |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in sorted(results, key=lambda r: (r["churn"], r["replicas"], r["staleness"])):
+        hist = " ".join(f"{k}:{v}" for k, v in r["staleness_hist"].items())
+        rows.append(
+            f"| {r['replicas']} | {r['staleness']} | {'yes' if r['churn'] else ''} | {r['slowdown']:.1f} "
+            f"| {r['groups_per_s']:.1f} ({r['ideal_groups_per_s']:.1f}) | {r['fraction_of_ideal']:.0%} "
+            f"| {r['trained_groups_per_s']:.1f} | {r['controller_cpu_ms_per_group']:.2f} "
+            f"({r['controller_cpu_share']:.0%}) | {r['to_buffer_ms_p50']:.0f} / {r['to_buffer_ms_p99']:.0f} "
+            f"| {r['to_batch_ms_p50'] / 1000:.1f} / {r['to_batch_ms_p99'] / 1000:.1f} | {r['idle_mean']:.1%} "
+            f"| {hist} (≤ {r['staleness_bound']}) | {r['controller_rss_mb_max']:.0f} "
+            f"| {r['weight_sync_s_p50']:.2f} | {len(r['lost'])} / {len(r['trained_twice'])} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--table":
+        print(table(load(Path(sys.argv[2]))))
+    else:
+        main()

@@ -61,6 +61,14 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         ideal += (end - start) * ideal_per_replica / r["factor"]
     # Through the controller: groups scored (into the buffer) in the window, which flows evenly; the
     # trained rate comes in bursts of a batch, so it is taken over the whole steps in the window.
+    # A straggler's groups: trained (in a later batch, within the bound) or dropped as stale; the
+    # batch never waits for them at S >= 1 (docs: "a straggler holds a step back by its share only")
+    trained_seqs = {e["seq"] for e in trained}
+    dropped_seqs = {e["seq"] for e in events if e["event"] == "dropped"}
+    slow = [r for r in replicas if r["factor"] > 1]
+    slow_seqs = {seq for r in slow for seq, *_ in r["sent"]}
+    straggler = {"replicas": len(slow), "groups": len(slow_seqs), "trained": len(slow_seqs & trained_seqs),
+                 "dropped": len(slow_seqs & dropped_seqs)} if slow else {}
     groups = sum(t0 <= t <= t1 for t in scored.values())
     span = t1 - t0
     done = sorted(s["done"] for s in steps if t0 <= s["done"] <= t1)
@@ -98,7 +106,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "weight_sync_s_p50": percentile(sync, 50), "weight_sync_s_max": max(sync) if sync else float("nan"),
         "steps": len(metrics), "lost": found.lost, "trained_twice": found.trained_twice,
         "dropped": dict(Counter(found.dropped.values())),
-        "killed": sum(r["fate"] == "killed" for r in replicas),
+        "killed": sum(r["fate"] == "killed" for r in replicas), "straggler": straggler,
         "joined_late": sum(r["started"] > t0 for r in replicas),
     }
 
