@@ -93,7 +93,8 @@ def _commit() -> str:
 class Sim:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        case = f"n{args.replicas}_s{args.staleness}" + ("_churn" if args.churn else "")
+        case = (f"n{args.replicas}_s{args.staleness}" + ("_churn" if args.churn else "")
+                + ("_watch" if args.watch else ""))
         self.out = Path(args.out) / case
         self.out.mkdir(parents=True, exist_ok=True)
         for old in [*self.out.glob("host-*.json"), self.out / "learner.jsonl", self.out / "learner.pause"]:
@@ -184,7 +185,7 @@ class Sim:
         _wait_serving(address, "the controller", [*services, controller])
         for i in range(math.ceil(a.replicas / a.per_host)):
             self.hosts.append(self.start(f"host-{i}", "-m", "bench.fleetsim.replicas", str(config), address,
-                                         str(self.out), str(i)))
+                                         str(self.out), str(i), *(["--watch"] if a.watch else [])))
         for i in range(a.replicas):
             self.join(factor=5.0 if a.churn and i == 0 else 1.0)
         # Warm-up: every replica joined, then one more step trained with all of them.
@@ -255,7 +256,8 @@ class Sim:
             os.killpg(self.procs[name].pid, signal.SIGTERM)
             self.procs[name].wait(timeout=30)
         result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, self.args.staleness)
-        result.update(replicas=self.args.replicas, staleness=self.args.staleness, churn=self.args.churn,
+        result.update(watch=self.args.watch, replicas=self.args.replicas, staleness=self.args.staleness,
+                      churn=self.args.churn,
                       slowdown=self.slowdown, batch=self.batch,
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
@@ -296,6 +298,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fraction of N killed (and joined) a minute")
     p.add_argument("--pause-at", type=float, default=20.0)
     p.add_argument("--pause-s", type=float, default=30.0)
+    p.add_argument("--watch", action="store_true",
+                   help="replicas also run the real membership watch (GetRunStatus every 2 s each)")
     p.add_argument("--profile", default="", help="path of py-spy: record the controller during the window")
     return p.parse_args(argv)
 

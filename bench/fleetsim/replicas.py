@@ -11,7 +11,9 @@ Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `
 server stops at once, no Leave: a crash as the controller sees it), `drain NAME` (Leave, then stop),
 `stop` (writes <out>/host-<id>.json and exits).
 
-    python -m bench.fleetsim.replicas CONFIG CONTROLLER OUT_DIR HOST_ID
+    python -m bench.fleetsim.replicas CONFIG CONTROLLER OUT_DIR HOST_ID [--watch]
+With --watch each replica also runs the real membership watch (GetRunStatus every 2 s, join again
+when dropped, stop when drained), as `rlfleet serve rollout --join` does.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from services.rollout.servicer import SERVICE_NAME, RolloutServicer
 
 
 class Replica:
-    def __init__(self, name: str, cfg, security: Security, controller: str, factor: float, seed: int):
+    def __init__(self, name: str, cfg, security: Security, controller: str, factor: float, seed: int,
+                 watch: bool = False):
         self.name, self.cfg, self.security, self.controller = name, cfg, security, controller
         model_dir = resolve_model_path(cfg.model.path)
         self.engine = ROLLOUT_ENGINES.get(cfg.rollout.backend)(model_dir, "sim", None, cfg.rollout, seed)
@@ -48,12 +51,13 @@ class Replica:
         self.started, self.ended = time.time(), 0.0
         self.fate = "live"
         self.member.join(self.server.address)
+        if watch:  # as `rlfleet serve rollout --join` does: asks every 2 s, joins again if dropped
+            self.member.watch(self.server)
 
     def kill(self) -> None:
         self.fate, self.ended = "killed", time.time()
         self.engine.close()
-        self.server.stop(grace_s=0)
-        self.member.close()
+        self.server.stop(grace_s=0)  # its watch (if any) ends with the server; its channel stays open
 
     def drain(self) -> None:
         self.fate = "drained"
@@ -77,6 +81,7 @@ class Replica:
 
 def main() -> None:
     config, controller, out_dir, host_id = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    watch = sys.argv[5:] == ["--watch"]
     cfg = load_config(config)
     security = Security.from_config(cfg.security, cfg.limits)
     replicas: dict[str, Replica] = {}
@@ -85,7 +90,7 @@ def main() -> None:
     lock = threading.Lock()
 
     def join(name: str, factor: float) -> None:
-        replica = Replica(name, cfg, security, controller, factor, seed=hash(name) % 10_000)
+        replica = Replica(name, cfg, security, controller, factor, seed=hash(name) % 10_000, watch=watch)
         with lock:
             replicas[name] = replica
 
