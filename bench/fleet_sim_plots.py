@@ -23,7 +23,7 @@ def main() -> None:
 
     folder, prefix = Path(sys.argv[1]), sys.argv[2]
     results = load(folder)
-    steady = [r for r in results if not r["churn"]]
+    steady = [r for r in results if kind(r) == "steady"]
     stalenesses = sorted({r["staleness"] for r in steady})
     for r in results:
         r["of_ideal"] = of_ideal(r)
@@ -39,8 +39,9 @@ def main() -> None:
             rows = sorted((r for r in steady if r["staleness"] == s), key=lambda r: r["replicas"])
             ax.plot([r["replicas"] for r in rows], [r[key] for r in rows], marker="o", label=f"S={s}")
         for r in results:
-            if r["churn"]:
-                ax.scatter([r["replicas"]], [r[key]], marker="x", color="black", zorder=5)
+            if kind(r) != "steady":
+                ax.scatter([r["replicas"]], [r[key]], marker="x" if r["churn"] else "+", color="black",
+                           zorder=5)
         if key.startswith("to_buffer"):
             ax.set_yscale("log")
         if target is not None:
@@ -49,21 +50,26 @@ def main() -> None:
         ax.set_xlabel("replicas N")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(title="steady (x: churn)")
+    axes.flat[0].legend(title="steady (x: churn, +: watch)")
     fig.suptitle("rlfleet controller against simulated H200 replicas (bench/fleet_sim.py, 2-core machine)")
     fig.tight_layout()
     fig.savefig(f"{prefix}_scaling.png", dpi=90)
 
     fig, axes = plt.subplots(1, len(results), figsize=(2.2 * len(results), 2.6), sharey=True, squeeze=False)
-    for ax, r in zip(axes[0], sorted(results, key=lambda r: (r["churn"], r["replicas"], r["staleness"]))):
+    for ax, r in zip(axes[0], sorted(results, key=lambda r: (kind(r), r["replicas"], r["staleness"]))):
         hist = {int(k): v for k, v in r["staleness_hist"].items()}
         total = sum(hist.values()) or 1
         ax.bar(list(hist), [v / total for v in hist.values()])
         ax.axvline(r["staleness_bound"] + 0.5, color="red", linestyle="--", linewidth=1)
-        ax.set_title(f"N={r['replicas']} S={r['staleness']}" + (" churn" if r["churn"] else ""), fontsize=8)
+        ax.set_title(f"N={r['replicas']} S={r['staleness']} {kind(r)}", fontsize=8)
         ax.set_xlabel("trained version − generated", fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{prefix}_staleness.png", dpi=90)
+
+
+def kind(r: dict) -> str:
+    """steady, churn, watch (replicas run the membership watch) or churn+watch"""
+    return "+".join(k for k in ("churn", "watch") if r.get(k)) or "steady"
 
 
 def of_ideal(r: dict) -> float:
@@ -75,14 +81,14 @@ def of_ideal(r: dict) -> float:
 
 def table(results: list[dict]) -> str:
     """The figures as a markdown table, one row per run (steady runs by N and S, then churn)."""
-    head = ("| N | S | churn | K | scored/s (ideal) | trained/s | of ideal | controller CPU ms/group (share) "
+    head = ("| N | S | run | K | scored/s (ideal) | trained/s | of ideal | controller CPU ms/group (share) "
             "| completion → buffered p50 / p99 ms | → Train p50 / p99 s | idle | staleness | RSS MB "
             "| weight sync p50 s | lost / twice |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in sorted(results, key=lambda r: (r["churn"], r["replicas"], r["staleness"])):
+    for r in sorted(results, key=lambda r: (kind(r), r["replicas"], r["staleness"])):
         hist = " ".join(f"{k}:{v}" for k, v in r["staleness_hist"].items())
         rows.append(
-            f"| {r['replicas']} | {r['staleness']} | {'yes' if r['churn'] else ''} | {r['slowdown']:.1f} "
+            f"| {r['replicas']} | {r['staleness']} | {kind(r)} | {r['slowdown']:.1f} "
             f"| {r['groups_per_s']:.1f} ({r['ideal_groups_per_s']:.1f}) | {r['trained_groups_per_s']:.1f} "
             f"| {of_ideal(r):.0%} | {r['controller_cpu_ms_per_group']:.2f} "
             f"({r['controller_cpu_share']:.0%}) | {r['to_buffer_ms_p50']:.0f} / {r['to_buffer_ms_p99']:.0f} "
