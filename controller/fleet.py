@@ -94,6 +94,7 @@ class Fleet:
         self._checking = threading.BoundedSemaphore(MAX_JOIN_CHECKS)  # Joins being called back now
         self.joins = 0
         self.leaves = 0
+        self.changes = 0  # counts changes of membership or state (GetRunStatus reuses a reply until then)
         # who the weight group holds now (members by identity); another set asks for a re-form
         self._in_group: frozenset[Member] = frozenset(self._members.values())
         self.on_live: Callable[[Member], None] = lambda member: None  # the loop starts its generation
@@ -196,6 +197,7 @@ class Fleet:
                 if member.state == JOINING and self._members.get(member.address) is member:
                     member.state, member.since, member.served = LIVE, time.time(), True
                     self.joins += 1
+                    self.changes += 1
                     started.append(member)
             finished = [m for m in self._members.values()
                         if m.state == LEAVING and m.idle.is_set() and m not in synced]
@@ -269,6 +271,7 @@ class Fleet:
         self._changed()
 
     def _changed(self) -> None:
+        self.changes += 1
         self.on_change()
 
     # ---- noticing the dead --------------------------------------------------------------------
