@@ -3,7 +3,8 @@
     python bench/fleet_sim_plots.py /tmp/fleet_runs bench/results/fleet_sim_2026-12-02
     python bench/fleet_sim_plots.py --table /tmp/fleet_runs     (the figures as a markdown table)
 The first writes PREFIX_scaling.png (throughput against ideal, controller CPU per group, admission latency,
-replica idle, controller memory against N, one line per staleness) and PREFIX_staleness.png.
+replica idle, controller memory against N, one line per staleness), PREFIX_staleness.png and
+PREFIX.json (the results, without the memory samples).
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def main() -> None:
         ax.set_xlabel("trained version − generated", fontsize=7)
     fig.tight_layout()
     fig.savefig(f"{prefix}_staleness.png", dpi=90)
+    raw = [{k: v for k, v in r.items() if k not in ("rss_mb", "of_ideal")} for r in results]
+    Path(f"{prefix}.json").write_text(json.dumps(raw, indent=1))
 
 
 def kind(r: dict) -> str:
