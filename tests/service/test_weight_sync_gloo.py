@@ -163,7 +163,8 @@ def test_push_times_out_when_a_receiver_never_joins() -> None:
         assert len(res[rank]) == 1, res[rank]
         status, _, message, _, elapsed = res[rank][0]
         assert status == "WeightSyncError", res[rank]
-        assert elapsed < timeout_s + 2.0
+        # Ended by its timeout, not by the 40 s deadline of a hang (5.96 s seen on a loaded machine).
+        assert elapsed < timeout_s + 10.0
     # the learner names the missing rank; rank 1 may instead see the learner's store go away
     assert "rank(s) [2] did not connect" in res[0][0][2]
 
