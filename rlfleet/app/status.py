@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from rlfleet.proto.v1 import (
 from rlfleet.rpc.channel import health_check, open_channel
 from rlfleet.rpc.security import Security
 from rlfleet.app.openenv_check import is_openenv_address
+from rlfleet.app.run_end import Ended, where_it_ended
 
 _STUBS = {
     "rollout": rollout_pb2_grpc.RolloutStub,
@@ -358,30 +358,6 @@ def write_prometheus_targets(run_dir: Path, path: Path) -> int:
     return len(targets)
 
 
-@dataclass
-class Ended:
-    """A run none of whose processes on this machine is left: where it got to, and when."""
-    step: int
-    max_steps: int | None
-    when: float | None  # when its last step was written (metrics.jsonl), epoch seconds
-
-    @property
-    def finished(self) -> bool:
-        return self.max_steps is not None and self.step >= self.max_steps
-
-    def describe(self, run_dir: Path) -> str:
-        of = f"/{self.max_steps}" if self.max_steps is not None else ""
-        at = (" on " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.when))) if self.when else ""
-        if self.finished:
-            return f"rlfleet: run {run_dir.name} finished: step {self.step}{of}{at}"
-        return (f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}; "
-                "controller.resume=latest continues it")
-
-    def as_json(self) -> dict[str, Any]:
-        return {"state": "finished" if self.finished else "stopped", "step": self.step,
-                "max_steps": self.max_steps, "last_step_at": self.when}
-
-
 def ended_run(run_dir: Path) -> Ended | None:
     """The run's end, when its controller and every service it announced on this machine are gone
     (None while any runs, or when one ran elsewhere: their rows tell more then)."""
@@ -389,32 +365,7 @@ def ended_run(run_dir: Path) -> Ended | None:
     controller = [a for a in announced if a.row["role"] == "controller"]
     if not controller or any(a.remote or not a.gone for a in announced):
         return None
-    step, when = 0, None
-    metrics = run_dir / "metrics.jsonl"
-    try:
-        for line in metrics.read_text().splitlines():
-            try:
-                step = max(step, int(json.loads(line).get("step", 0)))
-            except (ValueError, TypeError, AttributeError):
-                continue  # a line cut short by a crash
-        when = metrics.stat().st_mtime
-    except OSError:
-        pass
-    return Ended(step, _max_steps(run_dir), when)
-
-
-def _max_steps(run_dir: Path) -> int | None:
-    """controller.max_steps of the run's config.yaml (written by `rlfleet run`), else the default."""
-    import yaml
-
-    from rlfleet.config import ControllerConfig
-
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        value = (data.get("controller") or {}).get("max_steps")
-        return int(value) if value is not None else ControllerConfig().max_steps
-    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
-        return None
+    return where_it_ended(run_dir)
 
 
 def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None = None,

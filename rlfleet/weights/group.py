@@ -19,8 +19,6 @@ from typing import NoReturn
 
 import hmac
 import secrets
-import socket
-import threading
 import time
 from datetime import timedelta
 
@@ -28,6 +26,13 @@ import torch
 import torch.distributed as dist
 
 from rlfleet.errors import InvalidRequest, WeightSyncError  # InvalidRequest is a ValueError
+from rlfleet.weights.store import (  # noqa: F401 - probe_store, STORE_CONNECT_S: this module's API too
+    STORE_CONNECT_S,
+    connect_store,
+    listen_socket,
+    local_address_towards,
+    probe_store,
+)
 from rlfleet.weights.sealed_store import SealedStore, check_channels, check_members, round_secret
 
 _PROTOCOL = 2  # bumped when the wire format (header/manifest/buckets) changes; 2: header + layout on change
@@ -36,85 +41,10 @@ _KEY_ROOT = "rlfleet/weights"
 # pull together with the push. Bounded apart from the group's timeout (which covers the transfer
 # of a large model), so a push waiting for a rank that never joins ends in seconds (issue 22).
 MEMBER_WAIT_S = 20.0
-# Reaching the learner's store is one TCP connection; a join request's own timeout (up to
-# limits.max_weight_timeout_s) is for the transfer, not for finding the store (issue 22).
-STORE_CONNECT_S = 10.0
 
 
 def _proof(token: str, nonce: str, rank: int) -> str:
     return hmac.new(token.encode(), f"{nonce}:{rank}".encode(), "sha256").hexdigest()
-
-
-def _local_address_towards(address: str) -> str:
-    """This machine's address on the route to `address` (a UDP connect sends nothing)."""
-    host, port = _split_address(address)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, port or 1))
-        return probe.getsockname()[0]
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise InvalidRequest(f"weight group address must be 'host:port', got {address!r}")
-    return host.strip("[]"), int(port)
-
-
-def _listen(host: str, port: int) -> int:
-    """A listening socket bound to `host` only; returns its descriptor, which the store then owns."""
-    try:
-        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does; not REUSEPORT
-            sock.bind(sockaddr)
-            sock.listen(2048)
-        except OSError:
-            sock.close()
-            raise
-    except OSError as exc:
-        raise WeightSyncError(f"cannot bind the weight store to {host}:{port}: {exc}") from None
-    return sock.detach()
-
-
-def _connect_store(address: str, timeout_s: float) -> dist.Store:
-    """A client of the learner's TCPStore, or WeightSyncError in one line within ~`timeout_s`.
-
-    Why not TCPStore alone: against a closed port it retries until its timeout and logs a C++
-    stack trace per try, and against a port that accepts but never answers (not a store) its
-    client was seen waiting for good, whatever its timeout. So a plain TCP connect answers the
-    first case at once, and the store is built on a helper thread that is given up on (left to
-    end with its socket) in the second."""
-    host, port = _split_address(address)
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as e:
-        reason = e.strerror or type(e).__name__  # "Connection refused", "timed out" (socket.timeout)
-        raise WeightSyncError(f"cannot reach weight store at {address}: {reason}") from None
-    built: dict[str, object] = {}
-
-    def build() -> None:
-        try:
-            built["store"] = dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
-        except Exception as e:  # DistStoreError, DistNetworkError; C++ frames after the first line
-            built["error"] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-    helper = threading.Thread(target=build, name=f"weight-store-connect-{address}", daemon=True)
-    helper.start()
-    helper.join(timeout_s + 1.0)
-    if "store" in built:
-        return built["store"]  # type: ignore[return-value]
-    if "error" in built:
-        raise WeightSyncError(f"cannot reach weight store at {address}: {built['error']}")
-    raise WeightSyncError(f"cannot reach weight store at {address}: it accepted the connection but did "
-                          f"not answer as a weight store within {timeout_s:g}s")
-
-
-def probe_store(address: str, timeout_s: float = STORE_CONNECT_S) -> None:
-    """Checks that a weight store answers at `address` (WeightSyncError in one line if not), for a
-    process that joins through others (vLLM's workers): a wrong address fails here, without
-    occupying them."""
-    _connect_store(address, min(timeout_s, STORE_CONNECT_S))
 
 
 class WeightGroup:
@@ -157,7 +87,7 @@ class WeightGroup:
         # TCPStore binds every interface when it opens the port itself; hand it a socket bound
         # to `host` only, the address that is announced to the ranks.
         store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout_s),
-                              wait_for_workers=False, master_listen_fd=_listen(host, port))
+                              wait_for_workers=False, master_listen_fd=listen_socket(host, port))
         addr = f"[{host}]:{store.port}" if ":" in host else f"{host}:{store.port}"
         return cls(store, 0, world_size, backend, timeout_s, device, addr, token)
 
@@ -169,7 +99,7 @@ class WeightGroup:
         every later wait on it)."""
         if rank == 0:
             raise InvalidRequest("rank 0 is the learner; it calls WeightGroup.host()")
-        store = _connect_store(address, min(timeout_s, STORE_CONNECT_S))
+        store = connect_store(address, min(timeout_s, STORE_CONNECT_S))
         store.set_timeout(timedelta(seconds=timeout_s))
         return cls(store, rank, world_size, backend, timeout_s, device, address, token)
 
@@ -316,7 +246,7 @@ class WeightGroup:
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = timeout
             opts._devices = [
-                dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(self.address))]
+                dist.ProcessGroupGloo.create_device(hostname=local_address_towards(self.address))]
             return dist.ProcessGroupGloo(store, self.rank, self.world_size, opts)
         opts = dist.ProcessGroupNCCL.Options()
         # NCCL's watchdog kills the process when a collective outlives its timeout,
