@@ -63,6 +63,7 @@ class ServiceServer:
                               "or the address is not one of this machine's")
         self.host = host
         self._stopped = threading.Event()
+        self._stop_done = threading.Event()  # set once "stopped" is logged
 
     @property
     def address(self) -> str:
@@ -93,8 +94,11 @@ class ServiceServer:
             return
         self._stopped.set()
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server.stop(grace_s).wait()
-        log.info("stopped", address=self.address)
+        try:
+            self._server.stop(grace_s).wait()
+            log.info("stopped", address=self.address)
+        finally:
+            self._stop_done.set()
 
     def install_signal_handlers(self, grace_s: float = 5.0) -> None:
         def handle(signum: int, _frame: object) -> None:
@@ -105,3 +109,7 @@ class ServiceServer:
 
     def wait(self) -> None:
         self._server.wait_for_termination()
+        # The server can be down before the stopping thread (a daemon, from the signal handler) has
+        # logged "stopped"; returning now would let the process exit and lose that line.
+        if self._stopped.is_set():
+            self._stop_done.wait()
