@@ -52,7 +52,8 @@
 #                the comma-separated reasoning-gym TASKS, one rlfleet eval of them all: the table of which
 #                tasks it solves 5-30 % of the time ($OUT/rg-base.json, the accuracies printed)
 #   "reasoning-gym N TASK [key=value ...]"  the reasoning-gym recipe (docs/recipes/reasoning-gym-smollm2.md)
-#                on setup's model: TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
+#                on setup's model (TASK `auto`: the task bench/rg_pick_task.py picks from the rg-base.json that
+#                reasoning-gym-base wrote earlier in the same call): TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
 #                steps of rlfleet run (evaluating every 20), rlfleet eval of the trained model ($OUT/
 #                rg-TASK-base.json, rg-TASK-trained.json, metrics-rg-TASK-N.jsonl); about 5 minutes for 80
 #                steps. The overrides go to every command (a CPU dry run: tests/e2e/test_onegpu_session_cpu.py)
@@ -310,10 +311,15 @@ reasoning_gym_base() {  # TASKS [ROWS]
     | quiet | grep -v "^rlfleet: report\|^Loading"
 }
 
-reasoning_gym() {  # N TASK [key=value ...]
+reasoning_gym() {  # N TASK|auto [key=value ...]
   rg_importable || return 1
-  local n=$1 task=$2 name=rg-$2-$1 rows=20000 test_rows=500 d=$work/data/rg-$2 t
+  local n=$1 task=$2 name rows=20000 test_rows=500 d t
   shift 2
+  if [ "$task" = auto ]; then  # the task the reasoning-gym-base phase of this call found in the 5-30 % band
+    task=$("$py" bench/rg_pick_task.py "$out/rg-base.json") || return 1
+    echo "--- task: $task (bench/rg_pick_task.py on rg-base.json)"
+  fi
+  name=rg-$task-$n d=$work/data/rg-$task
   [ "$cpu" = 1 ] && rows=64 test_rows=8
   t=$SECONDS
   rlfleet data reasoning-gym "$task" --rows $rows --output "$d/train.parquet" 2>&1 | tail -1
