@@ -86,6 +86,11 @@ def test_replicas_join_one_is_killed_one_drained_and_nothing_is_lost(run_dir, tm
             (e for e in events(run) if e["event"] == "left" and e["replica"] == address["a"]), None),
             [main], timeout_s=30)
         assert left["t"] - killed_at < 5, left
+        # a step line shows the fleet without a before the drain (else kill and drain can land between
+        # two step lines and the line with 2 replicas never exists)
+        wait_for("a step line with 2 replicas after the kill", lambda: any(
+            m.get("fleet/leaves") == 1 and m.get("fleet/replicas") == 2
+            for m in read_jsonl(run / "metrics.jsonl")), [main])
         # drain replica b: it finishes or hands back its groups, leaves, and its process stops
         drain = subprocess.run([sys.executable, "-m", "rlfleet.app.cli", "fleet", "drain", address["b"],
                                 "--controller", controller, "--timeout", "20"], cwd=REPO,
