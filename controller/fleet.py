@@ -21,13 +21,14 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from rlfleet.addresses import check_address
-from rlfleet.errors import Busy, FleetRefused, InvalidRequest, RlfleetError
+from rlfleet.errors import Busy, FleetRefused, InvalidRequest, RlfleetError, ServiceUnavailable
 from rlfleet.models.identity import difference, identity_of
 from controller.clients import RolloutClient
 
@@ -40,6 +41,7 @@ JOINING, LIVE, LEAVING = "joining", "live", "leaving"
 JOIN_CHECK_S = 10.0
 MAX_JOIN_CHECKS = 4
 MAX_NAME_CHARS = 64
+PRUNE_CALLS = 64  # status calls in flight at once when a failed re-form looks for the dead
 
 
 @dataclass(eq=False)
@@ -209,6 +211,16 @@ class Fleet:
         for member in finished:
             self.remove(member, member.leave_reason or "drained")
 
+    def leave_out(self, member: Member, error: BaseException) -> None:
+        """`member` failed a call of a re-form (controller/reform.py) and leaves the run: unreachable
+        (its leave's own reason if it was leaving), or, refusing, `join_failed` for a joiner and
+        `failed` for a member that worked."""
+        if isinstance(error, ServiceUnavailable):
+            reason = _unreachable_reason(member)
+        else:
+            reason = "join_failed" if member.state == JOINING else (member.leave_reason or "failed")
+        self.remove(member, reason)
+
     def drop_joining(self, reason: str) -> None:
         """Joiners that a re-formed group could not take (their join or pull failed) are turned away,
         so they cannot hold up the members already working."""
@@ -302,14 +314,26 @@ class Fleet:
             self.remove(member, _unreachable_reason(member))
         return dead
 
-    def prune(self) -> None:
-        """After a failed re-form: joined members that do not answer at once are out."""
-        for member in self.members():
+    def prune(self, timeout_s: float = 2.0) -> list[Member]:
+        """After a failed re-form: the members that do not answer within `timeout_s` (asked all at
+        once, so a frozen one costs the re-form `timeout_s`, not `timeout_s` each); the joined ones
+        among them are out."""
+        members = self.members()
+        if not members:
+            return []
+
+        def answers(member: Member) -> bool:
+            try:
+                member.client.status(timeout_s=timeout_s)
+                return True
+            except RlfleetError:
+                return False
+        with ThreadPoolExecutor(min(PRUNE_CALLS, len(members)), thread_name_prefix="prune") as pool:
+            silent = [m for m, ok in zip(members, pool.map(answers, members)) if not ok]
+        for member in silent:
             if member.joined:
-                try:
-                    member.client.status(timeout_s=2.0)
-                except RlfleetError:
-                    self.remove(member, _unreachable_reason(member))
+                self.remove(member, _unreachable_reason(member))
+        return silent
 
     def watch(self, stop: threading.Event) -> threading.Thread:
         def beat() -> None:

@@ -33,6 +33,7 @@ import structlog
 
 from rlfleet.errors import Busy, RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.types import ScoreItem, ScoreResult, TrainBatch, TrainResult
+from controller.reform import MembersFailed, next_group
 from controller.reward_outage import RewardOutage
 
 # The wait before asking a service that failed again: RETRY_FIRST_S, doubled after every failure up to
@@ -42,7 +43,7 @@ RETRY_MAX_S = 5.0
 
 if TYPE_CHECKING:
     from controller.clients import LearnerClient, RewardClient, RolloutClient
-    from controller.fleet import Fleet
+    from controller.fleet import Fleet, Member
     from controller.state import Dispatch
     from controller.weight_sync import WeightSync
 
@@ -177,9 +178,17 @@ class Recovery:
     # ---- weight group -------------------------------------------------------------------------
     def resync(self, version: int) -> float:
         """Rebuilds the weight group over the fleet's members and pushes `version` to every replica;
-        joiners go live once they hold it (controller/fleet.py)."""
+        joiners go live once they hold it (controller/fleet.py).
+
+        A member that fails during it (dead, unreachable or refusing, at its status, its join or its
+        pull) is left out and the re-form starts again over the others at once, ranks handed out
+        afresh (controller/reform.py): a joined member leaves the run, its groups re-queued as for
+        any leave; one the run started with is waited for. Only failures that name no member count
+        as tries: after two the joiners, the group's newcomers, are turned away (`join_failed`) so
+        that they cannot hold up the members."""
         loop = self.loop
         deadline, delay = self._deadline(), RETRY_FIRST_S
+        began = time.monotonic()
         attempts = 0
         while True:
             members = loop.fleet.weight_members()
@@ -191,25 +200,46 @@ class Recovery:
                     loop.sync.open()
                     seconds = loop.sync.sync(version)
                 break
+            except MembersFailed as exc:
+                if self._leave_out(members, exc, version):
+                    continue
+                error: RlfleetError = exc  # one the run started with: waited for, as any restart
             except _RETRYABLE as exc:
                 if "differ from the learner" in str(exc):
                     raise
-                attempts += 1
-                loop.fleet.prune()  # a joined member that died meanwhile is left out of the next try
+                # a member that died meanwhile without failing a call of ours (frozen, or its pull
+                # not back yet) is found here
+                silent = loop.fleet.prune()
+                if not silent and not isinstance(exc, Busy):
+                    attempts += 1
                 if attempts >= 2:  # a joiner the group cannot take must not hold up the others
                     loop.fleet.drop_joining("join_failed")
-                self._expired(deadline, "the weight group", exc)
-                self._event("weight_group_retry", version=version, error=str(exc)[:200])
-                delay = self._sleep(delay)
+                error = exc
+            self._expired(deadline, "the weight group", error)
+            self._event("weight_group_retry", version=version, error=str(error)[:200])
+            delay = self._sleep(delay)
         with loop._cond:
             loop._rollout_version = version
             self.generation += 1
             self._resync.clear()
             loop._cond.notify_all()
         self._event("weight_group_rebuilt", version=version, generation=self.generation,
-                    replicas=len(members))
+                    replicas=len(members), seconds=round(time.monotonic() - began, 3))
         loop.fleet.commit(members, version)
         return seconds
+
+    def _leave_out(self, members: list[Member], exc: MembersFailed, version: int) -> bool:
+        """Members that failed a re-form's call: the joined ones leave the run. Returns whether the
+        re-form can go on at once (nobody the run started with among them)."""
+        by_client = {id(m.client): m for m in members}
+        failed = {by_client[id(c)]: e for c, e in exc.failures.items() if id(c) in by_client}
+        plan = next_group(members, failed, joined=lambda m: m.joined)
+        for member in plan.leaving:
+            self.loop.fleet.leave_out(member, failed[member])
+        self._event("weight_group_left_out", version=version, stage=exc.stage,
+                    replicas=[m.address for m in plan.leaving], waited=[m.address for m in plan.waited],
+                    error=str(exc)[:200])
+        return not plan.waited
 
     def sync(self, version: int) -> float:
         """One push of `version`; a failed one is aborted (group timeout), rebuilt and pushed again."""

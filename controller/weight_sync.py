@@ -2,16 +2,24 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import structlog
 
-from rlfleet.errors import VersionMismatch, WeightSyncError
+from rlfleet.errors import RlfleetError, VersionMismatch, WeightSyncError
 from controller.clients import LearnerClient, RolloutClient
+from controller.reform import MembersFailed, member_failed, seats
 
 log = structlog.get_logger(__name__)
 
 MAX_REPLICAS = 256  # rollout replicas a weight group can hold
+# Rollout calls of a re-form (status, JoinWeightGroup) in flight at once: a re-form costs a few
+# members' round trips, not one per member (issue 34: 256 of them one after another took long enough
+# for a member to die during the walk, which failed the whole re-form).
+PARALLEL_CALLS = 64
+STATUS_TIMEOUT_S = 5.0  # a member that does not answer its status within this is left out
 
 
 class WeightSync:
@@ -24,43 +32,84 @@ class WeightSync:
         # One thread per member of the largest fleet (threads start only as needed): a pull queued
         # behind another would leave the push waiting for a receiver that never comes.
         self._pool = ThreadPoolExecutor(max_workers=1 + MAX_REPLICAS, thread_name_prefix="weight-sync")
+        self._calls = ThreadPoolExecutor(max_workers=PARALLEL_CALLS, thread_name_prefix="weight-reform")
+        self._leftover: list[Future] = []  # calls of a failed sync still running
         self.group = ""  # the group open() formed, by address: pushes name it (the learner may host others)
 
+    def _ask_each(self, call: Callable[[int, RolloutClient], Any], stage: str) -> list[Any]:
+        """`call(i, rollout)` for every rollout at once (PARALLEL_CALLS in flight at most); their
+        results in order. MembersFailed names those that failed themselves (dead, unreachable,
+        refusing); otherwise the first passing failure (Busy, a broken group) is raised."""
+        futures = [self._calls.submit(call, i, r) for i, r in enumerate(self.rollouts)]
+        results, failed, passing = [], {}, None
+        for rollout, future in zip(self.rollouts, futures):
+            try:
+                results.append(future.result())
+            except RlfleetError as exc:
+                results.append(None)
+                if member_failed(exc):
+                    failed[rollout] = exc
+                elif passing is None:
+                    passing = exc
+        if failed:
+            raise MembersFailed(stage, failed)
+        if passing is not None:
+            raise passing
+        return results
+
     def open(self) -> str:
-        """Opens the learner's group and has every rollout join it; returns the rendezvous address."""
+        """Opens the learner's group and has every rollout join it; returns the rendezvous address.
+
+        Every rollout is asked at once. MembersFailed names the members that failed, before ranks
+        were handed out (status) or after (JoinWeightGroup): torch.distributed builds a group only
+        when every rank of its world size arrives, so the caller leaves them out and opens again."""
+        statuses = self._ask_each(lambda i, r: r.status(timeout_s=STATUS_TIMEOUT_S), "status")
         # A replica takes one rank per tensor-parallel worker; the learner is rank 0.
-        statuses = [r.status() for r in self.rollouts]
-        ranks = [int(s.stats.get("weight_ranks", 1)) for s in statuses]
-        world_size = 1 + sum(ranks)
+        world_size, firsts = seats([int(s.stats.get("weight_ranks", 1)) for s in statuses])
         # Each replica's placement lets the learner pick the transport (CUDA IPC on its own GPU);
         # one unknown placement leaves the choice to the learner's host alone.
         placements = [s.placement for s in statuses]
+        self._settle()
         address, backend = self.learner.open_weight_group(
             world_size, self.timeout_s, placements if all(placements) else None)
-        base = 1
-        for rollout, count in zip(self.rollouts, ranks):
-            rollout.join_weight_group(address, base, world_size, backend, self.timeout_s)
-            base += count
+        self._ask_each(lambda i, r: r.join_weight_group(address, firsts[i], world_size, backend,
+                                                         self.timeout_s), "join")
         self.group = address
         log.info("weight group opened", address=address, backend=backend, members=world_size,
                  replicas=len(self.rollouts))
         return address
 
+    def _settle(self) -> None:
+        """Waits for the calls a failed sync left running: the learner's push (and the other pulls)
+        wait out the rendezvous of a member that died, and until then a push is refused as Busy and
+        a rollout's JoinWeightGroup waits for its pull. They end within the group's timeout."""
+        if self._leftover:
+            wait(self._leftover, timeout=self.timeout_s + 10)
+            self._leftover = []
+
     def sync(self, version: int) -> float:
         """Pushes `version` to every rollout; returns the seconds until all of them serve it."""
+        self._settle()
         start = time.perf_counter()
         deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
         push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify, self.group)
         pulls = [self._pool.submit(r.pull_weights, version, deadline, self.verify) for r in self.rollouts]
         # A pull that fails (the replica is gone) ends the sync at once: the push would only wait out
         # its timeout for that receiver (issue 32: 120 s before the run said no replica was left).
+        # What is still running is waited for before the next push (_settle).
         done, _ = wait([push, *pulls], return_when=FIRST_EXCEPTION)
-        for rollout, pull in zip(self.rollouts, pulls):
-            if pull in done and pull.exception() is not None:
-                log.warning("a rollout's pull failed; not waiting for the push", replica=rollout.address,
-                            version=version)
-                raise pull.exception()
-        pushed = push.result()
+        try:
+            failed = {r: p.exception() for r, p in zip(self.rollouts, pulls)
+                      if p in done and p.exception() is not None}
+            if failed:
+                log.warning("a rollout's pull failed; not waiting for the push", version=version,
+                            replicas=[r.address for r in failed])
+                gone = {r: exc for r, exc in failed.items() if member_failed(exc)}
+                raise MembersFailed("pull", gone) if gone else next(iter(failed.values()))
+            pushed = push.result()
+        except BaseException:
+            self._leftover = [f for f in (push, *pulls) if not f.done()]
+            raise
         for rollout, pull in zip(self.rollouts, pulls):
             pulled = pull.result()
             if pulled.version != version:
@@ -74,3 +123,4 @@ class WeightSync:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown(wait=False, cancel_futures=True)

@@ -71,7 +71,7 @@ class FakeRollout:
                 Completion(token_ids=[5, 6, 7], logprobs=[-0.5] * 3, finish_reason="stop",
                            policy_version=self.version, text=str(i % 2)) for i in range(params.n)])
 
-    def status(self) -> ServiceStatus:
+    def status(self, timeout_s: float = 10.0) -> ServiceStatus:
         return ServiceStatus("rollout", True, self.version, stats={"weight_ranks": 1})
 
     def join_weight_group(self, *args) -> None:
