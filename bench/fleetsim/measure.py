@@ -108,6 +108,25 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "dropped": dict(Counter(found.dropped.values())),
         "killed": sum(r["fate"] == "killed" for r in replicas), "straggler": straggler,
         "joined_late": sum(r["started"] > t0 for r in replicas),
+        **membership(events, t0, t1),
+    }
+
+
+def membership(events: list[dict], t0: float, t1: float) -> dict:
+    """Joins and re-forms in the window, from the journal: Joins accepted, joiners taken in (`joined`)
+    and turned away (`left` with `join_failed`), members left out of a re-form, re-forms retried, and
+    how long each re-form took (`weight_group_rebuilt`'s seconds, from its first try to its commit)."""
+    inside = [e for e in events if t0 <= e["t"] <= t1]
+    reforms = [e["seconds"] for e in inside if e["event"] == "weight_group_rebuilt" and "seconds" in e]
+    return {
+        "joins_accepted": sum(e["event"] == "join_accepted" for e in inside),
+        "joins_taken_in": sum(e["event"] == "joined" for e in inside),
+        "joins_turned_away": sum(e["event"] == "left" and e.get("reason") == "join_failed" for e in inside),
+        "left_by_reason": dict(Counter(e.get("reason") for e in inside if e["event"] == "left")),
+        "reform_retries": sum(e["event"] == "weight_group_retry" for e in inside),
+        "reform_left_out": sum(len(e.get("replicas", [])) for e in inside
+                               if e["event"] == "weight_group_left_out"),
+        "reform_s_p50": percentile(reforms, 50), "reform_s_max": max(reforms) if reforms else float("nan"),
     }
 
 
