@@ -19,7 +19,7 @@ MAX_REPLICAS = 256  # rollout replicas a weight group can hold
 # members' round trips, not one per member (issue 34: 256 of them one after another took long enough
 # for a member to die during the walk, which failed the whole re-form).
 PARALLEL_CALLS = 64
-STATUS_TIMEOUT_S = 5.0  # a member that does not answer its status within this is left out
+STATUS_TIMEOUT_S = 10.0  # a member that does not answer its status within this is left out (as before)
 
 
 class WeightSync:
