@@ -189,8 +189,10 @@ class Recovery:
         loop = self.loop
         deadline, delay = self._deadline(), RETRY_FIRST_S
         began = time.monotonic()
-        attempts = 0
+        attempts = tries = 0
+        loop.sync.forget()
         while True:
+            tries += 1
             members = loop.fleet.weight_members()
             loop.sync.rollouts = [m.client for m in members]
             try:
@@ -224,7 +226,8 @@ class Recovery:
             self._resync.clear()
             loop._cond.notify_all()
         self._event("weight_group_rebuilt", version=version, generation=self.generation,
-                    replicas=len(members), seconds=round(time.monotonic() - began, 3))
+                    replicas=len(members), seconds=round(time.monotonic() - began, 3), tries=tries,
+                    push_s=round(seconds, 3))
         loop.fleet.commit(members, version)
         return seconds
 

@@ -34,15 +34,24 @@ class WeightSync:
         self._pool = ThreadPoolExecutor(max_workers=1 + MAX_REPLICAS, thread_name_prefix="weight-sync")
         self._calls = ThreadPoolExecutor(max_workers=PARALLEL_CALLS, thread_name_prefix="weight-reform")
         self._leftover: list[Future] = []  # calls of a failed sync still running
+        # the statuses asked during the re-form in progress: a try after one that left members out
+        # asks only those it has not heard from (forget() at the start of a re-form)
+        self._statuses: dict[RolloutClient, Any] = {}
         self.group = ""  # the group open() formed, by address: pushes name it (the learner may host others)
 
-    def _ask_each(self, call: Callable[[int, RolloutClient], Any], stage: str) -> list[Any]:
-        """`call(i, rollout)` for every rollout at once (PARALLEL_CALLS in flight at most); their
-        results in order. MembersFailed names those that failed themselves (dead, unreachable,
-        refusing); otherwise the first passing failure (Busy, a broken group) is raised."""
-        futures = [self._calls.submit(call, i, r) for i, r in enumerate(self.rollouts)]
+    def forget(self) -> None:
+        """A new re-form begins: every member is asked for its status again."""
+        self._statuses.clear()
+
+    def _ask_each(self, call: Callable[[int, RolloutClient], Any], stage: str,
+                  rollouts: list[RolloutClient] | None = None) -> list[Any]:
+        """`call(i, rollout)` for every rollout (default: all) at once (PARALLEL_CALLS in flight at
+        most); their results in order. MembersFailed names those that failed themselves (dead,
+        unreachable, refusing); otherwise the first passing failure (Busy, a broken group) is raised."""
+        rollouts = self.rollouts if rollouts is None else rollouts
+        futures = [self._calls.submit(call, i, r) for i, r in enumerate(rollouts)]
         results, failed, passing = [], {}, None
-        for rollout, future in zip(self.rollouts, futures):
+        for rollout, future in zip(rollouts, futures):
             try:
                 results.append(future.result())
             except RlfleetError as exc:
@@ -62,8 +71,12 @@ class WeightSync:
 
         Every rollout is asked at once. MembersFailed names the members that failed, before ranks
         were handed out (status) or after (JoinWeightGroup): torch.distributed builds a group only
-        when every rank of its world size arrives, so the caller leaves them out and opens again."""
-        statuses = self._ask_each(lambda i, r: r.status(timeout_s=STATUS_TIMEOUT_S), "status")
+        when every rank of its world size arrives, so the caller leaves them out and opens again
+        (asking for the status only those it has not heard from in this re-form)."""
+        def status(i: int, rollout: RolloutClient) -> Any:
+            self._statuses[rollout] = rollout.status(timeout_s=STATUS_TIMEOUT_S)  # kept if others fail
+        self._ask_each(status, "status", [r for r in self.rollouts if r not in self._statuses])
+        statuses = [self._statuses[r] for r in self.rollouts]
         # A replica takes one rank per tensor-parallel worker; the learner is rank 0.
         world_size, firsts = seats([int(s.stats.get("weight_ranks", 1)) for s in statuses])
         # Each replica's placement lets the learner pick the transport (CUDA IPC on its own GPU);
@@ -119,6 +132,7 @@ class WeightSync:
                 raise WeightSyncError(f"rollout at {rollout.address}: weights of version {version} "
                                       "differ from "
                                       f"the learner's (digest {pulled.digest} != {pushed.digest})")
+        self.forget()
         return time.perf_counter() - start
 
     def close(self) -> None:

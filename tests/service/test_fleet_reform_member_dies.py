@@ -182,3 +182,26 @@ def test_the_members_are_asked_at_once_not_one_after_another(fleet_of):
 
     assert all(m.state == LIVE for m in loop.fleet.members()) and len(loop.fleet.members()) == 3
     assert all(_holds_learners_weights(e, learner, 0) for e in replicas.values())
+
+
+def test_a_member_dead_before_the_reform_is_left_out_at_its_status(fleet_of):
+    """Killed just before the boundary, not yet noticed by the heartbeat: its status call fails, the
+    re-form goes on with the others (asking nobody twice) and the joiner is taken in."""
+    learner, replicas, loop, journal = fleet_of(["a", "b", "c"], founders=1)
+    b = _join(loop, replicas["b"], "b")
+    loop.recovery.resync(0)
+    _train_one_step(learner)
+    replicas["b"].running.server.stop(grace_s=0)
+    c = _join(loop, replicas["c"], "c")
+
+    loop.recovery.sync(1)
+
+    members = {m.address: m for m in loop.fleet.members()}
+    assert set(members) == {replicas["a"].running.server.address, c} and members[c].state == LIVE
+    assert _holds_learners_weights(replicas["c"], learner, 1)
+    events = read_journal(journal.path)
+    assert {e["replica"]: e["reason"] for e in events if e["event"] == "left"} == {b: "unreachable"}
+    [left_out] = [e for e in events if e["event"] == "weight_group_left_out"]
+    assert left_out["stage"] == "status" and left_out["replicas"] == [b]
+    [rebuilt] = [e for e in events if e["event"] == "weight_group_rebuilt" and e["version"] == 1]
+    assert rebuilt["tries"] == 2 and rebuilt["replicas"] == 2
