@@ -43,29 +43,40 @@ def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> Rlfleet
     return RlfleetError(message)
 
 
+# How grpc words a call on a channel this process closed: a unary call, a stream
+_CLOSED_WORDS = ("closed channel", "Channel closed")
+
+
+def _closed(role: str, address: str, rpc: str) -> ServiceUnavailable:
+    return ServiceUnavailable(f"{role} service at {address}: {rpc} failed: the channel was closed "
+                              "(the replica left the fleet or rejoined)")
+
+
 @contextlib.contextmanager
-def _rpc_errors(role: str, address: str, rpc: str) -> Iterator[None]:
+def _rpc_errors(client: _Client, rpc: str) -> Iterator[None]:
     """gRPC failures inside become rlfleet errors naming the service, its address and the RPC.
 
-    grpc raises a bare ValueError for a call on a channel this process closed: the fleet closes a
-    member's channel when it leaves or rejoins after a restart, while a thread may still be asking the
-    old member. To that thread the replica is as unreachable as a dead one."""
+    The fleet closes a member's channel when it leaves or rejoins after a restart, while a thread may
+    still be asking the old member: to that thread the replica is as unreachable as a dead one. A call
+    on a channel the client closed is refused before grpc sees it (grpc raises a bare ValueError, and a
+    stream started on a closed channel that never carried one crashed the process, issue 34)."""
+    if client.closed:
+        raise _closed(client.role, client.address, rpc)
     try:
         yield
     except grpc.RpcError as err:
         release_call(err)  # a failed Generate stream: freed with the error, not at the final collection
-        raise _translate(role, address, rpc, err) from None
-    except ValueError as err:
-        if "closed channel" not in str(err):
+        raise _translate(client.role, client.address, rpc, err) from None
+    except ValueError as err:  # closed by another thread during the call
+        if not any(words in str(err) for words in _CLOSED_WORDS):
             raise
-        raise ServiceUnavailable(f"{role} service at {address}: {rpc} failed: the channel was closed "
-                                 "(the replica left the fleet or rejoined)") from None
+        raise _closed(client.role, client.address, rpc) from None
 
 
 def _rpc(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        with _rpc_errors(self.role, self.address, fn.__name__):
+        with _rpc_errors(self, fn.__name__):
             return fn(self, *args, **kwargs)
     return wrapper
 
@@ -79,6 +90,7 @@ class _Client:
         wait for the service says so (None: never, for a short check whose failure is reported anyway)."""
         self.address = address
         self.timeout_s = timeout_s
+        self.closed = False
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
                                           report_every_s=report_every_s if report_every_s else float("inf"))
 
@@ -88,6 +100,7 @@ class _Client:
                                                               timeout=timeout_s))
 
     def close(self) -> None:
+        self.closed = True
         self.channel.close()
 
 
@@ -99,7 +112,7 @@ class RolloutClient(_Client):
         self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
 
     def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
-        with _rpc_errors(self.role, self.address, "Generate"):
+        with _rpc_errors(self, "Generate"):
             for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
                                            timeout=self.timeout_s):
                 yield convert.group_from_proto(msg)
