@@ -53,7 +53,7 @@ class FaultyReward(reward_pb2_grpc.RewardServicer):
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
         try:
             if b.delay_s:
-                time.sleep(b.delay_s)
+                _sleep_while_active(context, b.delay_s)
             if b.always_fail is not None:
                 context.abort(b.always_fail, "configured to fail")
             if call_number <= b.fail_first:
@@ -74,6 +74,14 @@ class FaultyReward(reward_pb2_grpc.RewardServicer):
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+
+def _sleep_while_active(context: grpc.ServicerContext, seconds: float) -> None:
+    """Sleep, but end early once the caller is gone (its deadline passed, or the server stopped): a
+    long delay then holds no server thread (nor the interpreter's exit) after the test is done."""
+    until = time.monotonic() + seconds
+    while context.is_active() and time.monotonic() < until:
+        time.sleep(min(0.05, max(0.0, until - time.monotonic())))
 
 
 def _is_object(text: str) -> bool:

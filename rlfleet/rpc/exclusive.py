@@ -20,6 +20,11 @@ class Exclusive:
         self._lock = threading.Lock()
         self._running = ""
 
+    @property
+    def running(self) -> str:
+        """The call that holds it now, "" when none does."""
+        return self._running if self._lock.locked() else ""
+
     def refuse_while_held(self, call: str) -> None:
         """For calls that must not run alongside the operation (a Train during a weight push, which
         reads the weights it would change) and must not queue behind it either (issue 22)."""

@@ -18,6 +18,7 @@ import pytest
 
 from rlfleet.proto.v1 import common_pb2, reward_pb2_grpc
 from rlfleet.rpc.channel import open_channel
+from tests.e2e.stream_lines import StreamLines
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 from tests.reward_servers import Behaviour, RunningFaulty
 
@@ -154,13 +155,17 @@ def test_reward_server_killed_and_back_10s_later_does_not_end_a_default_run(run_
     server, address = serve_digits()
     metrics = run_dir / "back" / "metrics.jsonl"
     run = start_run(run_dir, "back", address, "controller.max_steps=8")
+    err, _ = StreamLines(run.stderr), StreamLines(run.stdout)  # both drained while it runs
     try:
         wait_for_steps(run, metrics, 2)
         server.kill()  # kill -9: no goodbye
         server.wait()
         time.sleep(10)
+        # down at least 10 s, and until the run has noticed (a loaded machine may score nothing for a while)
+        err.wait_for("reward outage:", 240, alive=lambda: run.poll() is None)
         server, _ = serve_digits(int(address.rsplit(":", 1)[1]))
-        _, stderr = run.communicate(timeout=300)
+        run.wait(timeout=300)
+        stderr = err.rest()
     finally:
         stop_server(server)
         stop_server(run)
@@ -180,8 +185,8 @@ def test_reward_server_that_stays_down_ends_the_run_after_max_outage_naming_the_
     run = start_run(run_dir, "dies", address, "controller.max_steps=40", "reward.max_outage_s=4")
     try:
         wait_for_steps(run, metrics, 2)
+        killed = time.monotonic()  # before the stop: the outage cannot begin earlier
         stop_server(server)
-        killed = time.monotonic()
         _, stderr = run.communicate(timeout=240)
         waited = time.monotonic() - killed
     finally:

@@ -50,8 +50,9 @@ def test_a_load_failure_ends_the_run_in_seconds_with_the_services_own_error(run_
     assert "restarting it" not in proc.stderr and "Traceback" not in last
     assert not (run_dir / "badload" / "services" / "restarts.jsonl").exists()
     # Measured: 10 s on an idle 2-core machine, 30 s with four other jobs on it. Three restarts with
-    # backoff (48-65 s) on top of one such start is what this replaced.
-    assert elapsed < 90, f"{elapsed:.0f}s"
+    # backoff (48-65 s on top of one such start) is what this replaced: the lines above rule them out;
+    # this bound rules out waiting for the failed service (controller.service_wait_s, 300 s).
+    assert elapsed < 120, f"{elapsed:.0f}s"
     print(f"{case}: ended after {elapsed:.1f}s")
 
 

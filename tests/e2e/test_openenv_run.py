@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.e2e.stream_lines import StreamLines
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 
 pytestmark = [pytest.mark.e2e]
@@ -83,16 +84,20 @@ def test_an_openenv_server_killed_mid_run_is_waited_out(run_dir, tmp_path):
            "controller.max_steps=6", "env.kind=openenv", f"env.address=http://127.0.0.1:{port}",
            "rollout.max_turns=2", "env.max_outage_s=120"]
     run = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err, _ = StreamLines(run.stderr), StreamLines(run.stdout)  # both drained while it runs
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (out / "metrics.jsonl").is_file():
-            assert run.poll() is None, run.stderr.read()[-3000:]
+            assert run.poll() is None, err.text[-3000:]
             time.sleep(0.2)
         server.kill()
         server.wait(timeout=30)
-        time.sleep(3)  # long enough for episodes to meet the dead server
+        # down until episodes have met the dead server and the run said so (not a fixed few seconds:
+        # a loaded machine may start no episode for a while)
+        err.wait_for("environment outage", 240, alive=lambda: run.poll() is None)
         server = _serve(port, log)
-        stdout, stderr = run.communicate(timeout=400)
+        run.wait(timeout=400)
+        stderr = err.rest()
     finally:
         if run.poll() is None:
             run.kill()

@@ -4,7 +4,6 @@ per-turn versions across a weight update, and failures that stay with their epis
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -142,16 +141,25 @@ def test_each_turn_keeps_its_version_and_the_episode_its_oldest(engine):
 
 
 class Slow(Environment):
+    """Its step answers only once `released` is set (after the episodes timed out)."""
+
+    def __init__(self):
+        self.released = threading.Event()
+
     def start(self, row):
         return {}
 
     def step(self, state, action):
-        time.sleep(1.5)
+        self.released.wait(60)
         return Step(done=True)
 
 
 def test_a_slow_or_missing_environment_fails_episodes_not_the_rollout(engine):
-    groups = run(engine, Slow(), timeout_s=0.5)
+    slow = Slow()
+    try:  # 3 s: the start calls answer well within it on a loaded machine, the steps never do
+        groups = run(engine, slow, timeout_s=3.0)
+    finally:
+        slow.released.set()
     for c in (c for g in groups.values() for c in g.completions):
         assert c.failed and c.env_failure == "timeout" and c.finish_reason == "failed"
         assert c.env_error.startswith("episode p")

@@ -3,7 +3,7 @@ built-in, an environment's exception fails its episode alone, and the rollout's 
 dead or contract-breaking server into per-episode failures with their causes."""
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -26,7 +26,11 @@ def test_builtin_environments_pass_the_conformance_check(name):
 
 
 class Fragile(Environment):
+    """Its "slow" step answers only once `released` is set (after the test saw it time out)."""
     name = "fragile"
+
+    def __init__(self):
+        self.released = threading.Event()
 
     def start(self, row):
         if row.ground_truth == "bad":
@@ -37,13 +41,15 @@ class Fragile(Environment):
         if action.text == "crash":
             raise RuntimeError("the tool crashed")
         if action.text == "slow":
-            time.sleep(1.5)
+            self.released.wait(60)
         return Step(reward=1.0, done=True)
 
 
 def test_exceptions_and_failures_stay_with_their_episode():
-    with serve(Fragile(), block=False) as server:
-        client = EnvClient(server.address, timeout_s=1.0)
+    fragile = Fragile()
+    # 3 s: every call but the slow step answers well within it on a loaded machine
+    with serve(fragile, block=False) as server:
+        client = EnvClient(server.address, timeout_s=3.0)
         started, _ = client.start([EpisodeRow("a"), EpisodeRow("b", ground_truth="bad"), EpisodeRow("c"),
                                    EpisodeRow("d")])
         assert [r.ok for r in started] == [True, False, True, True]
@@ -54,7 +60,8 @@ def test_exceptions_and_failures_stay_with_their_episode():
         assert "episode a" in stepped[0].error and "the tool crashed" in stepped[0].error
         assert stepped[1].ok and stepped[1].done and stepped[1].reward == 1.0
         assert latency > 0
-        slow, _ = client.step([Action("d", "slow")])  # past the 1 s deadline
+        slow, _ = client.step([Action("d", "slow")])  # past the 3 s deadline
+        fragile.released.set()
         assert (slow[0].ok, slow[0].failure) == (False, "timeout") and "episode d" in slow[0].error
         client.close()
     client = EnvClient(server.address, timeout_s=1.0)  # the server is gone

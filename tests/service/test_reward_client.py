@@ -83,21 +83,24 @@ def test_transient_failures_are_retried_with_backoff(faulty):
 
 
 def test_slow_server_hits_the_deadline_then_the_source_is_unavailable_with_the_reason(faulty):
-    server, client = faulty(Behaviour(delay_s=2.0), timeout_s=0.2, max_retries=1)
+    # The server would take 20 s a call; the client gives each attempt 0.5 s.
+    server, client = faulty(Behaviour(delay_s=20.0), timeout_s=0.5, max_retries=1)
     started = time.monotonic()
     with pytest.raises(SourceUnavailable) as caught:
         client.score(items(3))
     elapsed = time.monotonic() - started
-    assert elapsed < 1.5, elapsed  # two attempts of 0.2 s and a short backoff, not the server's 2 s each
+    assert elapsed < 8.0, elapsed  # two attempts of 0.5 s and a short backoff (~1 s), not 20 s each
     assert server.servicer.calls == 2
     message = str(caught.value)
-    assert "DEADLINE_EXCEEDED" in message and "0.2s" in message and "2 attempts" in message
+    assert "DEADLINE_EXCEEDED" in message and "0.5s" in message and "2 attempts" in message
     assert "'ext'" in message and server.address in message
     assert client.stats.retries == 1
 
 
 def test_down_server_retries_count_once_then_the_circuit_opens_naming_the_root_cause(faulty):
-    server, client = faulty(max_retries=2, circuit_failures=2, circuit_cooldown_s=0.5)
+    # The cool-down is long enough that no stall of a loaded machine makes the "open" check below a probe
+    # (a 10 s timeout gives the probe its 5 s to reconnect after the channel's backoff).
+    server, client = faulty(max_retries=2, circuit_failures=2, circuit_cooldown_s=3.0, timeout_s=10.0)
     address = server.address
     server.stop()
     for call in range(2):  # three attempts each, but one breaker failure each
@@ -110,13 +113,16 @@ def test_down_server_retries_count_once_then_the_circuit_opens_naming_the_root_c
     started = time.monotonic()
     with pytest.raises(SourceUnavailable) as caught:
         client.score(items(2))
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.5  # at once: well within the 3 s cool-down it did not wait out
     assert "circuit open" in str(caught.value) and "refused" in str(caught.value).lower()
-    assert client.stats.calls == 6 and client.stats.rejected == 2
+    assert client.stats.calls == 6 and client.stats.rejected == 2  # no attempt reached the network
     # The server comes back on the same port; after the cool-down one probe closes the circuit.
     back = RunningFaulty(port=int(address.rsplit(":", 1)[1]))
     try:
-        time.sleep(0.6)
+        deadline = time.monotonic() + 30
+        while client.breaker.state == "open":
+            assert time.monotonic() < deadline, "the circuit never became half-open"
+            time.sleep(0.1)
         assert client.breaker.state == "half_open"
         assert all(r.ok for r in client.score(items(2)))
         assert client.breaker.state == "closed"
@@ -133,7 +139,7 @@ def test_probe_of_a_server_still_down_fails_within_seconds(faulty):
     started = time.monotonic()
     with pytest.raises(SourceUnavailable, match="probe"):
         client.score(items(1))  # half-open: the probe may not wait out the 30 s call deadline
-    assert time.monotonic() - started < 6.0
+    assert time.monotonic() - started < 15.0  # the probe's own 5 s, not the 30 s call deadline
     assert client.breaker.state == "open"
 
 
@@ -221,14 +227,14 @@ def test_one_failing_source_fails_the_sample_and_names_the_source(faulty):
 
 def test_function_source_timeout_and_bad_data_source():
     slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy",
-                                             timeout_s=0.2,
-                                             params={"seconds": 1.0}))
+                                             timeout_s=0.5,
+                                             params={"seconds": 10.0}))
     auto = FunctionSource(RewardSourceConfig(name="auto", function="auto"))
     try:
         started = time.monotonic()
         results = slow.score(items(2))
-        assert time.monotonic() - started < 0.6
-        assert all(not r.ok and "no result within 0.2s" in r.error for r in results)
+        assert time.monotonic() - started < 3.5  # its 0.5 s deadline, not the function's 10 s
+        assert all(not r.ok and "no result within 0.5s" in r.error for r in results)
         unknown = auto.score(items(1))
         assert not unknown[0].ok and "no reward function for data_source 'custom'" in unknown[0].error
     finally:

@@ -102,9 +102,11 @@ def test_check_fails_servers_that_break_the_contract(behaviour, failing):
 
 
 def test_check_of_a_slow_server_and_an_absent_one():
-    server = RunningFaulty(Behaviour(delay_s=0.4))
+    # Every Score call outlasts the checker's deadline five times over; health (no delay) has the same
+    # deadline, long enough for a loaded machine.
+    server = RunningFaulty(Behaviour(delay_s=5.0))
     try:
-        checks = {c.name: c for c in check_server(server.address, timeout_s=0.2)}
+        checks = {c.name: c for c in check_server(server.address, timeout_s=1.0)}
     finally:
         server.stop()
     assert checks["health"].result == PASS

@@ -40,14 +40,14 @@ def test_honest_program_passes_and_a_wrong_one_fails():
 def test_infinite_loop_is_stopped():
     result = run_python("while True:\n    pass\n", limits=LIMITS)
     assert result.status == "timeout"
-    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 1.0
+    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 5.0  # its limit and the kill
     assert score("while True:\n    pass", tests=json.dumps([{"input": "", "output": "3"}])) == 0.0
 
 
 def test_sleeping_program_is_stopped_by_the_wall_clock():
     result = run_python("import time\ntime.sleep(60)\n", limits=LIMITS)
     assert result.status == "timeout"
-    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 1.0
+    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 5.0  # its 1.5 s and the kill, not 60 s
 
 
 def test_memory_bomb_is_stopped():

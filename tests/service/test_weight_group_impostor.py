@@ -59,13 +59,16 @@ except Exception as e:
 
 
 def test_an_impostor_process_receives_nothing_and_the_rollout_its_weights(monkeypatch):
-    # The real rollout builds its group a moment after the verdict (a served rollout is busier than
-    # this thread), so the impostor acts first, as in the tester's run; without the delay who wins
-    # is a race.
+    # The real rollout builds its group a moment after the impostor has seen the verdict (a served
+    # rollout is busier than this thread), so the impostor acts first, as in the tester's run; without
+    # waiting for that, who wins is a race (and on a loaded machine the impostor would come late).
     make_pg = WeightGroup._make_pg
+    impostor_lines: list[str] = []
+    verdict_seen = threading.Event()
 
     def slower_rollout(self, store):
         if self.rank == 1:
+            verdict_seen.wait(60)
             time.sleep(1.0)
         return make_pg(self, store)
 
@@ -74,6 +77,13 @@ def test_an_impostor_process_receives_nothing_and_the_rollout_its_weights(monkey
     impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, host.address], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     received: dict[str, object] = {}
+
+    def read_impostor() -> None:
+        for line in impostor.stdout:
+            impostor_lines.append(line)
+            if line.startswith("VERDICT"):
+                verdict_seen.set()
+        verdict_seen.set()  # it ended without one: the assertions below say so
 
     def rollout() -> None:
         try:
@@ -88,6 +98,8 @@ def test_an_impostor_process_receives_nothing_and_the_rollout_its_weights(monkey
 
     try:
         assert impostor.stdout.readline().strip() == "WAITING"  # in place before the round starts
+        reader = threading.Thread(target=read_impostor, daemon=True)
+        reader.start()
         member = threading.Thread(target=rollout)
         member.start()
         host_error = None
@@ -97,7 +109,9 @@ def test_an_impostor_process_receives_nothing_and_the_rollout_its_weights(monkey
         except WeightSyncError as exc:
             host_error = exc
         member.join(60)
-        out, _ = impostor.communicate(timeout=60)
+        impostor.wait(timeout=60)
+        reader.join(60)
+        out = "".join(impostor_lines)
     finally:
         host.close()
         if impostor.poll() is None:

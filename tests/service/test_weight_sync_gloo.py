@@ -181,7 +181,7 @@ def test_receive_timeout_breaks_group_and_new_generation_recovers() -> None:
         t0 = time.monotonic()
         with pytest.raises(WeightSyncError):
             WeightReceiver(worker).receive()
-        assert time.monotonic() - t0 < timeout_s + 2.0
+        assert time.monotonic() - t0 < timeout_s + 10.0  # ended by its timeout, not a hang
         with pytest.raises(WeightSyncError, match="broken"):
             WeightReceiver(worker).receive()
         with pytest.raises(WeightSyncError, match="already used"):  # stale rendezvous keys

@@ -3,7 +3,7 @@ trip per step rather than one per group), and each group gets its own items' res
 from __future__ import annotations
 
 import json
-import time
+import threading
 
 import pytest
 
@@ -14,17 +14,18 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 class SlowFirstReward(FakeReward):
-    """Scores an item by its prompt ("p7" -> 7.0), and takes its time on the first call so that the
-    groups generated meanwhile wait together."""
+    """Scores an item by its prompt ("p7" -> 7.0); its first call returns only once `more_generated` is
+    set (the controller has taken further groups from the rollout), so those groups wait together."""
 
     def __init__(self, faults: Faults) -> None:
         super().__init__(faults)
         self.sizes: list[int] = []
+        self.more_generated = threading.Event()
 
     def score(self, items):
         self.sizes.append(len(items))
         if len(self.sizes) == 1:
-            time.sleep(0.3)
+            assert self.more_generated.wait(30), "the controller took no further group while scoring"
         return [ScoreResult(item.id, float(item.prompt[1:])) for item in items]
 
 
@@ -32,6 +33,14 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
     loop, learner = make_loop(tmp_path, Faults(), staleness=1, steps=4)
     reward = SlowFirstReward(Faults())
     loop.reward = reward
+    generate = loop.rollout.generate
+
+    def generate_and_tell(requests, params):
+        """A request's groups, then (once the controller asked past its last group) the event."""
+        yield from generate(requests, params)
+        reward.more_generated.set()
+
+    loop.rollout.generate = generate_and_tell
     assert run_loop(loop) is None
     groups = sum(reward.sizes) // 4  # rollout.n = 4
     # fewer calls than groups: some calls held several groups
