@@ -6,6 +6,7 @@ The ground truth steers failures: "raise" raises, "nan" returns NaN, "inf" retur
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 
@@ -26,6 +27,17 @@ def sleepy(data_source: str, solution_str: str, ground_truth: str, extra_info: d
            seconds: float = 1.0) -> float:
     """Takes `seconds` to score: a reward function slower than its deadline."""
     time.sleep(seconds)
+    return 1.0
+
+
+RELEASED = threading.Event()
+
+
+def held(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+         seconds: float = 60.0) -> float:
+    """Takes until the test sets RELEASED (or `seconds`): a reward function slower than its deadline,
+    run in the test's own process, that holds no thread once the test is done."""
+    RELEASED.wait(seconds)
     return 1.0
 
 

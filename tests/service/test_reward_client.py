@@ -24,6 +24,7 @@ from services.reward.build import build_scorer
 from services.reward.sources.combined import RewardSources
 from services.reward.sources.function import FunctionSource
 from services.reward.sources.remote_client import RemoteSource, SourceUnavailable
+from tests import reward_fixtures
 from tests.reward_servers import Behaviour, RunningFaulty
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -226,18 +227,19 @@ def test_one_failing_source_fails_the_sample_and_names_the_source(faulty):
 
 
 def test_function_source_timeout_and_bad_data_source():
-    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:sleepy",
-                                             timeout_s=0.5,
-                                             params={"seconds": 10.0}))
+    reward_fixtures.RELEASED.clear()
+    slow = FunctionSource(RewardSourceConfig(name="slow", function="tests.reward_fixtures:held",
+                                             timeout_s=0.5, params={"seconds": 30.0}))
     auto = FunctionSource(RewardSourceConfig(name="auto", function="auto"))
     try:
         started = time.monotonic()
         results = slow.score(items(2))
-        assert time.monotonic() - started < 3.5  # its 0.5 s deadline, not the function's 10 s
+        assert time.monotonic() - started < 10.0  # its 0.5 s deadline, not the function's 30 s
         assert all(not r.ok and "no result within 0.5s" in r.error for r in results)
         unknown = auto.score(items(1))
         assert not unknown[0].ok and "no reward function for data_source 'custom'" in unknown[0].error
     finally:
+        reward_fixtures.RELEASED.set()
         slow.close()
         auto.close()
 
