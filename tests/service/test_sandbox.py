@@ -20,13 +20,19 @@ from rlfleet.sandbox.runner import SandboxLimits, isolation, run_python
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
-LIMITS = SandboxLimits(timeout_s=0.5, memory_mb=256, file_mb=1)
+# A program the test needs to run to its end (or to a limit other than time) gets a wall clock far past
+# what a loaded machine takes to start the interpreter (start_grace_s): 1 s was seen short at load 26.
+# The tests of the time limits themselves use the tight default grace (WALL_LIMITS).
+START_GRACE_S = 30.0
+LIMITS = SandboxLimits(timeout_s=0.5, memory_mb=256, file_mb=1, start_grace_s=START_GRACE_S)
+WALL_LIMITS = SandboxLimits(timeout_s=0.5, memory_mb=256, file_mb=1)
+HONEST_TIMEOUT_S = 10.0  # the code reward has no grace of its own to set: a wall clock of 11 s
 ADD_TESTS = json.dumps([{"input": "1 2\n", "output": "3\n"}, {"input": "40 2\n", "output": "42\n"}])
 
 
-def score(program: str, tests: str = ADD_TESTS) -> float:
+def score(program: str, tests: str = ADD_TESTS, timeout_s: float = HONEST_TIMEOUT_S) -> float:
     completion = f"Here is my solution:\n```python\n{textwrap.dedent(program)}\n```\n"
-    return code_reward.compute_score("code", completion, tests, None, timeout_s=LIMITS.timeout_s,
+    return code_reward.compute_score("code", completion, tests, None, timeout_s=timeout_s,
                                      memory_mb=LIMITS.memory_mb, file_mb=LIMITS.file_mb)
 
 
@@ -38,16 +44,17 @@ def test_honest_program_passes_and_a_wrong_one_fails():
 
 
 def test_infinite_loop_is_stopped():
-    result = run_python("while True:\n    pass\n", limits=LIMITS)
+    result = run_python("while True:\n    pass\n", limits=WALL_LIMITS)
     assert result.status == "timeout"
-    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 5.0  # its limit and the kill
-    assert score("while True:\n    pass", tests=json.dumps([{"input": "", "output": "3"}])) == 0.0
+    assert result.seconds < WALL_LIMITS.timeout_s + WALL_LIMITS.start_grace_s + 5.0  # its limit and the kill
+    assert score("while True:\n    pass", tests=json.dumps([{"input": "", "output": "3"}]),
+                 timeout_s=WALL_LIMITS.timeout_s) == 0.0
 
 
 def test_sleeping_program_is_stopped_by_the_wall_clock():
-    result = run_python("import time\ntime.sleep(60)\n", limits=LIMITS)
+    result = run_python("import time\ntime.sleep(60)\n", limits=WALL_LIMITS)
     assert result.status == "timeout"
-    assert result.seconds < LIMITS.timeout_s + LIMITS.start_grace_s + 5.0  # its 1.5 s and the kill, not 60 s
+    assert result.seconds < WALL_LIMITS.timeout_s + WALL_LIMITS.start_grace_s + 5.0  # 1.5 s + kill, not 60
 
 
 def test_memory_bomb_is_stopped():
@@ -116,7 +123,8 @@ def test_network_attempt_is_refused(listener):
 def test_network_namespace_alone_cuts_the_network(listener):
     """Without the audit hook, the private namespace still has no way out (its loopback is down)."""
     port = listener.getsockname()[1]
-    result = run_python(connect_program(port), limits=SandboxLimits(timeout_s=0.5, audit_hook=False))
+    result = run_python(connect_program(port), limits=SandboxLimits(timeout_s=0.5, audit_hook=False,
+                                                                      start_grace_s=START_GRACE_S))
     assert result.status == "error" and "Network is unreachable" in result.stderr, result
     assert_nobody_connected(listener)
 
@@ -126,7 +134,8 @@ def test_new_processes_are_refused():
     assert run_python("import subprocess\nsubprocess.run(['true'])", limits=LIMITS).status == "blocked"
     # The kernel limit holds without the audit hook too (RLIMIT_NPROC = 0 for a non-root user).
     if isolation().drops_to_nobody or os.geteuid() != 0:
-        bare = run_python("import os\nos.fork()", limits=SandboxLimits(timeout_s=0.5, audit_hook=False))
+        bare = run_python("import os\nos.fork()", limits=SandboxLimits(timeout_s=0.5, audit_hook=False,
+                                                                       start_grace_s=START_GRACE_S))
         assert bare.status == "error" and "Resource temporarily unavailable" in bare.stderr, bare
 
 
