@@ -35,8 +35,11 @@ $(ENVS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[envs]" "$(TORCH_PIN)"
 	touch $(ENVS_STAMP)
 
+# Two pytest-xdist workers (most e2e tests wait on their processes), each test file on one worker
+# (module fixtures built once); PYTEST_ARGS adds to them, PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # deploy/ for real: the CPU image built with podman, compose up, the systemd units under systemd
 # (tests marked `containers`, which `make test` leaves out; .ci/run runs this after it). Needs root;

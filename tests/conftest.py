@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny random causal LM with its own tokenizer, built once per session."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,13 @@ SPECIAL_TOKENS = ["[UNK]", "[PAD]", "[EOS]"]
 # so the tokenizer is built that way from the start and behaves the same before and after saving.
 TINY_SYMBOLS = ["Ġ", "Ċ", *"0123456789abcdefghijklmnopqrstuvwxyz", *"+-*/=?:.,!()[]<>#'_;%&@"]
 TINY_VOCAB_SIZE = 64
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make test` runs two pytest-xdist workers on a 2-core machine: one torch (OpenMP) thread each, and
+    # for the commands they start, so that two workers do not run four spinning threads on two cores.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def build_tiny_model_dir(path: Path) -> Path:

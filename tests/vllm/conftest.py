@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+# Package scope: the engine (and its busy worker process) ends with this folder's last test, not at the
+# end of the session, which under pytest-xdist may run many other tests on the same worker after them.
+@pytest.fixture(scope="package")
 def vllm_engine():
     """VLLMEngine on the built-in tiny model (CPU, float32). Tests that change its weights push them
     through a weight group of their own; each reads the policy version it finds, none assumes 0."""
