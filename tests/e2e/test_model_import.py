@@ -1,6 +1,6 @@
 """`rlfleet model import` of a real GGUF (SmolLM2-135M-Instruct), its one-line errors, the GSM8K
-recipe (deploy/configs/gsm8k-smollm2-135m.yaml) run for 2 steps on CPU with that model, and `rlfleet sft`
-on that model with the arithmetic recipe's data and config."""
+recipe (deploy/configs/gsm8k-smollm2-135m.yaml) run for 2 steps on CPU with that model, and the arithmetic
+recipe's SFT data under that model's chat template, with `rlfleet sft` run on its config."""
 from __future__ import annotations
 
 import json
@@ -104,9 +104,11 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     assert rlfleet("plot", str(run_dir)).returncode == 0
 
 
-def test_arithmetic_sft_on_smollm2_cpu(smollm2: Path, tmp_path: Path) -> None:
+def test_arithmetic_sft_with_smollm2s_chat_template(smollm2: Path, tmp_path: Path) -> None:
     """A real chat template (ChatML): the SFT responses are the worked answers ending at <|im_end|>; two
-    SFT steps from the real model, and `rlfleet eval` takes the folder it writes."""
+    SFT steps with the recipe's SFT config, and `rlfleet eval` takes the folder it writes. The commands run
+    on the embedded tiny model (its template is ChatML too): `rlfleet sft` and `rlfleet eval` on SmolLM2
+    itself are tests/e2e/test_onegpu_calculator_phase.py's (2 SFT steps, six evaluations)."""
     from transformers import AutoTokenizer
 
     from rlfleet.data.sft import load_examples
@@ -125,8 +127,9 @@ def test_arithmetic_sft_on_smollm2_cpu(smollm2: Path, tmp_path: Path) -> None:
     config = str(REPO / "deploy" / "configs" / "arithmetic-smollm2-135m.yaml")
     settings = ["rollout.max_new_tokens=16", "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
     out = tmp_path / "sft"
-    proc = rlfleet("sft", "--config", config, "--model", str(smollm2), "--data", str(data / "train.parquet"),
-                   "--output", str(out), "--max-steps", "2", "--batch-size", "4", "--val-data",
+    proc = rlfleet("sft", "--config", config, "--model", "builtin:tiny", "--data",
+                   str(data / "train.parquet"), "--output", str(out), "--max-steps", "2", "--batch-size", "4",
+                   "--val-data",
                    str(data / "test.parquet"), *settings, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     lines = read_jsonl(out / "metrics.jsonl")
