@@ -8,6 +8,9 @@ either would stall or kill the service. Here each item is scored in a process po
 and the pool, whose worker may be stuck in it, is killed and replaced. A worker that
 dies takes every item in flight with it: those are scored again one at a time in a fresh
 pool, so only the item that kills its worker fails ("the worker scoring it died").
+A pool's workers are started, and the function loaded in each, before any item is sent to
+it: an item's deadline is the function's time, never a worker's start-up (seconds on a
+loaded machine, which failed good items after a pool was replaced).
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ class IsolatedScorer:
         self.fn, self.params = fn, dict(params or {})
         self.local = RewardScorer(fn, self.params)  # a bad spec fails here, before any worker starts
         self.workers, self.item_timeout_s = workers, item_timeout_s
+        self._started_pool: ProcessPoolExecutor | None = None  # the pool whose workers start() has up
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
@@ -95,6 +99,7 @@ class IsolatedScorer:
         futures = [self._pool.submit(_load_in_worker, self.fn, self.params) for _ in range(self.workers)]
         for future in futures:
             future.result(timeout=timeout_s)
+        self._started_pool = self._pool
 
     def _replace_pool(self) -> None:
         """A fresh pool; the old one's workers are killed (one may be stuck in an item for good)."""
@@ -129,6 +134,8 @@ class IsolatedScorer:
         pending = list(items)
         lost: list[ScoreItem] = []
         while pending:
+            if self._started_pool is not self._pool:  # a fresh pool: its start-up is no item's time
+                self.start()
             started = time.monotonic()
             futures: list[tuple[ScoreItem, Future]] = [
                 (item, self._pool.submit(_score_in_worker, self.fn, self.params, item)) for item in pending]
