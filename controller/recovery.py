@@ -233,7 +233,7 @@ class Recovery:
 
     def _leave_out(self, members: list[Member], exc: MembersFailed, version: int) -> bool:
         """Members that failed a re-form's call: the joined ones leave the run. Returns whether the
-        re-form can go on at once (nobody the run started with among them)."""
+        re-form can go on at once (someone left and nobody the run started with is among them)."""
         by_client = {id(m.client): m for m in members}
         failed = {by_client[id(c)]: e for c, e in exc.failures.items() if id(c) in by_client}
         plan = next_group(members, failed, joined=lambda m: m.joined)
@@ -242,7 +242,7 @@ class Recovery:
         self._event("weight_group_left_out", version=version, stage=exc.stage,
                     replicas=[m.address for m in plan.leaving], waited=[m.address for m in plan.waited],
                     error=str(exc)[:200])
-        return not plan.waited
+        return bool(plan.leaving) and not plan.waited
 
     def sync(self, version: int) -> float:
         """One push of `version`; a failed one is aborted (group timeout), rebuilt and pushed again."""
