@@ -3,9 +3,10 @@
 reasoning-gym (the `reasoning-gym` package, extra `rlfleet[envs]`) has a procedural generator
 and a verifier for each of its tasks. A row here is one generated entry: its question (with an
 instruction to answer between `<answer>` tags) as a user message, its answer as the ground
-truth, `data_source` `reasoning_gym/<task>`, and the whole entry (question, answer, metadata)
+truth, `data_source` `reasoning_gym/<task>`, the whole entry (question, answer, metadata)
 as JSON in `extra_info.entry`, which is what the task's verifier scores against
-(`reward.fn=reasoning_gym`, services/reward/fns/reasoning_gym.py).
+(`reward.fn=reasoning_gym`, services/reward/fns/reasoning_gym.py), and the answer as the
+instruction asks for it in `extra_info.answer`, which `rlfleet sft` trains on (a format warm start).
 
 Train and test never share a question: the generator's seed is drawn from (seed, split), and
 an entry belongs to the test side only when a hash of its question is odd (train: even), so two
@@ -97,9 +98,13 @@ def make_rows(tasks: list[str], rows: int, seed: int = 0, split: str = "train",
 
 def _row(task: str, entry: dict[str, Any], split: str, index: int, instruction: str) -> dict[str, Any]:
     content = f"{entry['question'].rstrip()}\n\n{instruction}".strip() if instruction else entry["question"]
+    answer = str(entry["answer"])
     return make_row(
-        SOURCE_PREFIX + task, [{"role": "user", "content": content}], "reasoning", str(entry["answer"]),
+        SOURCE_PREFIX + task, [{"role": "user", "content": content}], "reasoning", answer,
         {"split": split, "index": index, "task": task,
+         # the response a warm start trains on (`rlfleet sft`'s default --response-key): the answer as
+         # the instruction asks for it, since a small model may not write the tags until taught
+         "answer": f"<answer>{answer}</answer>" if "<answer>" in instruction else answer,
          # JSON: entries of different tasks have metadata of different shapes (one Parquet column)
          "entry": json.dumps({"question": entry["question"], "answer": entry["answer"],
                               "metadata": entry.get("metadata", {})}, default=str)},

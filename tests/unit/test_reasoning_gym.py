@@ -79,3 +79,17 @@ def test_unknown_tasks_are_one_line_errors(capsys):
     item = ScoreItem("x", "reasoning_gym/", "p", "1", "1")
     result = RewardScorer("reasoning_gym").score([item])[0]
     assert not result.ok and "names no reasoning-gym task" in result.error
+
+
+def test_rows_carry_the_answer_written_as_the_instruction_asks_for_a_warm_start():
+    """`extra_info.answer` is what `rlfleet sft` trains on by default (its --response-key): the answer
+    between the tags the default instruction asks for, the bare answer under another instruction."""
+    for row in rg_data.make_rows(["chain_sum", "spell_backward"], 4, seed=3):
+        truth = row["reward_model"]["ground_truth"]
+        assert row["extra_info"]["answer"] == f"<answer>{truth}</answer>"
+        item = ScoreItem("0", row["data_source"], "p", row["extra_info"]["answer"], truth, row["extra_info"])
+        assert RewardScorer("reasoning_gym").score([item])[0].score == 1.0  # the verifier's full marks
+    for row in rg_data.make_rows(["chain_sum"], 2, seed=3, instruction="Reply with the number."):
+        assert row["extra_info"]["answer"] == row["reward_model"]["ground_truth"]
+    for row in rg_data.make_rows(["chain_sum"], 2, seed=3, instruction=""):
+        assert row["extra_info"]["answer"] == row["reward_model"]["ground_truth"]
