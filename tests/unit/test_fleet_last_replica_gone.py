@@ -30,7 +30,7 @@ from tests.unit.test_loop_recovery import FakeLearner, FakeReward, Faults, run_l
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
-SYNC_TIMEOUT_S = 40.0  # learner.weight_sync_timeout_s: what the push waits for a receiver that is gone
+SYNC_TIMEOUT_S = 60.0  # learner.weight_sync_timeout_s: what the push waits for a receiver that is gone
 SERVICE_WAIT_S = 2.0
 
 
@@ -67,11 +67,13 @@ class DyingRollout(JoiningRollout):
 
 
 class WaitingLearner(FakeLearner):
-    """Its push waits for every receiver: out to its timeout when one is gone."""
+    """Its push waits for every receiver: out to its timeout when one is gone (or until the test, done,
+    sets `released`: a thread left sleeping would hold the interpreter's exit)."""
 
     def __init__(self, faults: Faults, replica: DyingRollout) -> None:
         super().__init__(faults)
         self.replica = replica
+        self.released = threading.Event()
 
     def train(self, batch):
         result = super().train(batch)
@@ -81,7 +83,7 @@ class WaitingLearner(FakeLearner):
 
     def push_weights(self, version, timeout_s, digest=False, group=""):
         if self.replica.dead.is_set():
-            time.sleep(SYNC_TIMEOUT_S)
+            self.released.wait(SYNC_TIMEOUT_S)
             raise ServiceUnavailable("unreachable")
         return SimpleNamespace(digest="d")
 
@@ -104,7 +106,10 @@ def test_the_last_replica_gone_before_a_push_ends_the_run_after_service_wait_s(t
                     RunWriter(tmp_path, tensorboard=False), journal=journal, fleet=fleet)
     threading.Timer(0.2, lambda: fleet.join("only:1", "", identity_of(ARCH))).start()
     began = time.monotonic()
-    error = run_loop(loop, limit_s=100)
+    try:
+        error = run_loop(loop, limit_s=100)
+    finally:
+        learner.released.set()
     took = time.monotonic() - began
     assert isinstance(error, ServiceUnavailable), repr(error)
     assert "no rollout replica" in str(error), str(error)

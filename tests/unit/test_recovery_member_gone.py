@@ -32,4 +32,4 @@ def test_waiting_for_a_failed_replica_ends_when_it_has_left_the_fleet(tmp_path):
     still_member = loop.recovery.rollout_failed(ClosedRollout(), Dispatch(seed=None), {},
                                                 ServiceUnavailable("Generate failed"), gone=gone.is_set)
     assert still_member is False
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # once it is gone (0.3 s), not after service_wait_s (30 s)
