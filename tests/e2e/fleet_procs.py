@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.e2e.conftest import REPO, read_jsonl
+from tests.free_ports import port_for_later
 
 STALENESS = 1
 JOB = ("controller.prompts_per_step=4", "controller.prompts_per_request=2", "rollout.n=4",
@@ -19,9 +19,8 @@ JOB = ("controller.prompts_per_step=4", "controller.prompts_per_request=2", "rol
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server started later (tests/free_ports.py: one that parallel tests cannot take)."""
+    return port_for_later()
 
 
 def start(*args: str, log: Path) -> subprocess.Popen:

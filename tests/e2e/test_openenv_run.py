@@ -4,7 +4,6 @@ model with multi-turn episodes, one WebSocket session per episode."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from tests.e2e.stream_lines import StreamLines
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
+from tests.free_ports import port_for_later
 
 pytestmark = [pytest.mark.e2e]
 
@@ -60,9 +60,7 @@ def test_tiny_model_trains_three_steps_against_an_openenv_server(run_dir, tmp_pa
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return port_for_later()  # the server is started, and restarted, on it later
 
 
 def _serve(port: int, log) -> subprocess.Popen:

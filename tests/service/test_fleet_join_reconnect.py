@@ -4,7 +4,6 @@ before: gRPC's own reconnect backoff (growing to 120 s) must not outlast the joi
 Seen in the fleet e2e test: a joiner still refused 7 s after the controller listened."""
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -13,6 +12,7 @@ import pytest
 from controller.status_servicer import start_status_server
 from rlfleet.app.fleet_member import FleetMembership
 from rlfleet.rpc.security import Security
+from tests.free_ports import port_for_later
 
 pytestmark = [pytest.mark.service, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -24,9 +24,7 @@ SOON_S = 5.0
 
 
 def test_a_joiner_refused_for_a_while_reaches_the_controller_soon_after_it_listens(tiny_model_dir):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = port_for_later()  # bound REFUSED_S later: parallel tests must not take it meanwhile
     member = FleetMembership(f"127.0.0.1:{port}", Security(), "early", tiny_model_dir, wait_s=REFUSED_S + 30)
     joining = threading.Thread(target=lambda: _join_until_stopped(member), daemon=True)
     joining.start()
