@@ -43,7 +43,7 @@ def test_a_hanging_item_of_a_function_source_fails_alone_and_its_worker_is_ended
         assert results["b"].ok and results["b"].score == 0.0, results["b"]
         assert not results["h"].ok and "no reward within 3s" in results["h"].error, results["h"]
         stuck = int(pid_file.read_text())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # killed at once; a leak lives on for good
         while _alive(stuck) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(stuck), "the worker stuck in the hanging item lives on"

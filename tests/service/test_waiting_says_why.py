@@ -83,7 +83,8 @@ def test_rlfleet_controller_says_what_it_waits_for_within_seconds(tmp_path):
         started = [t for t, ln in lines if "training prompts" in ln]  # just before it connects
         assert waiting and started, "".join(ln for _, ln in lines)
         t, line = waiting[0]
-        assert t - started[0] < 8, (t - started[0], line)
+        # its first line ~3 s in, not after the 60 s connect timeout in silence
+        assert t - started[0] < 20, (t - started[0], line)
         assert address in line and "connection refused" in line, line
     finally:
         proc.kill()  # our own child, by its handle
