@@ -57,7 +57,7 @@ def test_services_one_by_one_then_controller_status_and_sigterm(run_dir):
     run = run_dir / "manual"
     procs = {role: _spawn("serve", role, f"run.output_dir={run_dir}", "run.name=manual") for role in ROLES}
     try:
-        info = {role: _wait_for(lambda r=role: _announced(run, r), 90, f"{role} to announce")
+        info = {role: _wait_for(lambda r=role: _announced(run, r), 180, f"{role} to announce")
                 for role in ROLES}
         addresses = [f"{role}.address={info[role]['address']}" for role in ROLES]
         proc = rlfleet("controller", f"run.output_dir={run_dir}", "run.name=manual", "controller.max_steps=3",
@@ -129,7 +129,7 @@ def test_ctrl_c_stops_every_service(run_dir):
         proc.send_signal(signal.SIGINT)
         assert _exit_code(proc, 60) == 130
         assert "interrupted (stopped by SIGINT)" in proc.stderr.read()
-        _wait_for(lambda: not any(_pid_alive(p) for p in pids), 20, "services to exit")
+        _wait_for(lambda: not any(_pid_alive(p) for p in pids), 60, "services to exit")
 
 
 def test_services_stop_when_the_run_is_killed(run_dir):
@@ -138,7 +138,7 @@ def test_services_stop_when_the_run_is_killed(run_dir):
         pids = [_announced(run, role)["pid"] for role in ROLES]
         proc.kill()
         proc.wait()
-        _wait_for(lambda: not any(_pid_alive(p) for p in pids), 30, "orphaned services to exit")
+        _wait_for(lambda: not any(_pid_alive(p) for p in pids), 60, "orphaned services to exit")
 
 
 def test_dead_service_stops_the_run_and_is_named(run_dir):
@@ -152,4 +152,4 @@ def test_dead_service_stops_the_run_and_is_named(run_dir):
         named = f"reward service (pid {victim}) was killed by signal 9 (SIGKILL); its log: "
         assert named in err, err[-2000:]
         assert "Traceback" not in err
-        _wait_for(lambda: not any(_pid_alive(p) for p in others), 20, "the other services to exit")
+        _wait_for(lambda: not any(_pid_alive(p) for p in others), 60, "the other services to exit")
