@@ -29,7 +29,7 @@ def children() -> set[int]:
     return out
 
 
-def settled_children(quiet_s: float = 1.0, limit_s: float = 15.0) -> set[int]:
+def settled_children(quiet_s: float = 1.0, limit_s: float = 60.0) -> set[int]:
     """children() once it has not changed for `quiet_s`: an earlier test's pool (a replaced worker
     of a hung item, say) may still be starting or ending processes when the next test begins."""
     import time
