@@ -65,7 +65,7 @@ def test_stopped_server_refuses_work(started):
     running.server.stop(grace_s=0)
     running.server.stop(grace_s=0)  # idempotent
     stub = reward_pb2_grpc.RewardStub(running.channel)
-    assert code_of(lambda: stub.GetStatus(common_pb2.GetStatusRequest(), timeout=2)) \
+    assert code_of(lambda: stub.GetStatus(common_pb2.GetStatusRequest(), timeout=20)) \
         == grpc.StatusCode.UNAVAILABLE
 
 
