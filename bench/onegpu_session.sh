@@ -53,7 +53,9 @@
 #                tasks it solves 5-30 % of the time ($OUT/rg-base.json, the accuracies printed)
 #   "reasoning-gym N TASK [key=value ...]"  the reasoning-gym recipe (docs/recipes/reasoning-gym-smollm2.md)
 #                on setup's model (TASK `auto`: the task bench/rg_pick_task.py picks from the rg-base.json that
-#                reasoning-gym-base wrote earlier in the same call): TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
+#                reasoning-gym-base wrote earlier in the same call; `sft=STEPS` first: a format warm start of
+#                STEPS rlfleet sft steps on the train rows' <answer>-tagged answers, evaluated, and GRPO from
+#                it, rg-TASK-sft.json and metrics-rg-TASK-sft.jsonl): TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
 #                steps of rlfleet run (evaluating every 20), rlfleet eval of the trained model ($OUT/
 #                rg-TASK-base.json, rg-TASK-trained.json, metrics-rg-TASK-N.jsonl); about 5 minutes for 80
 #                steps. The overrides go to every command (a CPU dry run: tests/e2e/test_onegpu_session_cpu.py)
@@ -311,10 +313,11 @@ reasoning_gym_base() {  # TASKS [ROWS]
     | quiet | grep -v "^rlfleet: report\|^Loading"
 }
 
-reasoning_gym() {  # N TASK|auto [key=value ...]
+reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
   rg_importable || return 1
-  local n=$1 task=$2 name rows=20000 test_rows=500 d t
+  local n=$1 task=$2 name rows=20000 test_rows=500 d t sft_steps=0 start=$model
   shift 2
+  case "${1:-}" in sft=*) sft_steps=${1#sft=}; shift ;; esac
   if [ "$task" = auto ]; then  # the task the reasoning-gym-base phase of this call found in the 5-30 % band
     task=$("$py" bench/rg_pick_task.py "$out/rg-base.json") || return 1
     echo "--- task: $task (bench/rg_pick_task.py on rg-base.json)"
@@ -333,9 +336,21 @@ reasoning_gym() {  # N TASK|auto [key=value ...]
     echo "--- eval $2: $((SECONDS - t)) s"
   }
   evaluate_rg "$model" "rg-$task-base.json" "$@"
+  if [ "$sft_steps" -gt 0 ]; then  # the format warm start: the train rows' extra_info.answer (<answer>X</answer>)
+    t=$SECONDS
+    rm -rf "$work/rg-sft"
+    timeout -k 10 "$(left 200)" "$py" -m rlfleet.app.cli sft "${rgj[@]}" "$@" "data.val_files=[]" --data "$d/train.parquet" \
+      --output "$work/rg-sft" --max-steps "$sft_steps" --batch-size 32 2>&1 \
+      | grep "^rlfleet: sft model" | quiet
+    echo "--- sft: $((SECONDS - t)) s"
+    [ -f "$work/rg-sft/model/config.json" ] || { echo "the warm start wrote no model"; return 1; }
+    cp "$work/rg-sft/metrics.jsonl" "$out/metrics-rg-$task-sft.jsonl"
+    start=$work/rg-sft/model
+    evaluate_rg "$start" "rg-$task-sft.json" "$@"
+  fi
   t=$SECONDS
   rm -rf "$work/outputs/$name"
-  timeout -k 20 "$(left 100)" "$py" -m rlfleet.app.cli run "${rgj[@]}" run.name="$name" \
+  timeout -k 20 "$(left 100)" "$py" -m rlfleet.app.cli run "${rgj[@]}" model.path="$start" run.name="$name" \
     controller.max_steps="$n" controller.eval_every=20 controller.eval_before_train=false "$@" 2>&1 \
     | quiet | grep -v '"event": "step"' | tail -6
   echo "--- run: $((SECONDS - t)) s"

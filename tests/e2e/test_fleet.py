@@ -85,7 +85,9 @@ def test_replicas_join_one_is_killed_one_drained_and_nothing_is_lost(run_dir, tm
         left = wait_for("replica a left", lambda: next(
             (e for e in events(run) if e["event"] == "left" and e["replica"] == address["a"]), None),
             [main], timeout_s=30)
-        assert left["t"] - killed_at < 5, left
+        # noticed by its broken stream, not by waiting out controller.service_wait_s (60 s); a third of
+        # that leaves a loaded machine room
+        assert left["t"] - killed_at < 20, left
         # a step line shows the fleet without a before the drain (else kill and drain can land between
         # two step lines and the line with 2 replicas never exists)
         wait_for("a step line with 2 replicas after the kill", lambda: any(
