@@ -162,6 +162,15 @@ class SlurmCluster:
         subprocess.run(
             ["scancel", "--full", "--user=root"], env=self.env, check=False, capture_output=True, timeout=30
         )
+        # Let slurmd end the jobs' steps before it stops: stopped first, it leaves their services running
+        # (a failed test's job outlived the cluster that way).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and self.procs and self.procs[-1].poll() is None:
+            queue = subprocess.run(["squeue", "-h"], env=self.env, check=False, capture_output=True,
+                                   text=True, timeout=30)
+            if queue.returncode != 0 or not queue.stdout.strip():
+                break
+            time.sleep(0.5)
         for proc in reversed(self.procs):  # slurmd, slurmctld, munged
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
