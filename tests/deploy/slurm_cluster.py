@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.free_ports import port_for_later
+
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel", "srun")
 WHY_MISSING = "Slurm is not installed (Debian packages slurm-wlm and munge); CI installs them in .ci/run"
 
@@ -30,12 +32,6 @@ def require_slurm() -> None:
         pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
     if os.geteuid() != 0:
         pytest.skip("the test cluster runs slurmd as root (it starts job steps as the submitting user)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -93,8 +89,8 @@ class SlurmCluster:
                 "ClusterName=rlfleet-test",
                 *(["GresTypes=gpu"] if self.gpus else []),
                 f"SlurmctldHost={self.host}(127.0.0.1)",
-                f"SlurmctldPort={_free_port()}",
-                f"SlurmdPort={_free_port()}",
+                f"SlurmctldPort={port_for_later()}",
+                f"SlurmdPort={port_for_later()}",
                 "AuthType=auth/munge",
                 "CredType=cred/munge",
                 f"AuthInfo=socket={self.munge_socket}",

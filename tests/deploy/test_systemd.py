@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from rlfleet.rpc.service_main import LOAD_FAILED_EXIT
 from tests.deploy.cli_args import load_job, parse_cli
+from tests.free_ports import port_for_later
 from tests.deploy.systemd_units import (
     UNITS,
     command,
@@ -158,12 +158,6 @@ def _tail(folder: Path, role: str) -> str:
     return (folder / f"{role}.err").read_text(errors="replace")[-2000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_units_commands_run_a_job_in_systemd_order(tmp_path):
@@ -175,7 +169,8 @@ def test_the_units_commands_run_a_job_in_systemd_order(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("")
     ports = {
-        f"RLFLEET_{r.upper()}_{kind}": str(_free_port()) for r in ROLES for kind in ("PORT", "METRICS_PORT")
+        f"RLFLEET_{r.upper()}_{kind}": str(port_for_later())
+        for r in ROLES for kind in ("PORT", "METRICS_PORT")
     }
     env_file = {
         **_env(
@@ -315,7 +310,7 @@ def test_the_environment_server_unit_serves_the_jobs_environment_where_it_points
 def test_the_environment_server_units_commands_serve_and_stop(tmp_path):
     """ExecStart of rlfleet-env@, then its ExecStartPost (which must see SERVING), then SIGTERM."""
     env, _ = _env_job(tmp_path)
-    env = {**env, "RLFLEET_ENV_PORT": str(_free_port()), "RLFLEET_LOAD_TIMEOUT_S": "60"}
+    env = {**env, "RLFLEET_ENV_PORT": str(port_for_later()), "RLFLEET_LOAD_TIMEOUT_S": "60"}
     argv = {key: [RLFLEET_BIN, *command(ENV_UNIT, key, "game", env)[1:]]
             for key in ("ExecStart", "ExecStartPost")}
     unit_environment = {**os.environ, **unit_env(ENV_UNIT, "game", env)}

@@ -59,10 +59,6 @@ def test_tiny_model_trains_three_steps_against_an_openenv_server(run_dir, tmp_pa
     assert all(s["turns"] >= 1 and not s["error"] for s in read_jsonl(tmp_path / "eval.samples.jsonl"))
 
 
-def _free_port() -> int:
-    return port_for_later()  # the server is started, and restarted, on it later
-
-
 def _serve(port: int, log) -> subprocess.Popen:
     server = subprocess.Popen([sys.executable, "-m", "tests.openenv_servers", "digits", "--port", str(port)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -75,7 +71,7 @@ def test_an_openenv_server_killed_mid_run_is_waited_out(run_dir, tmp_path):
     """kill -9 of the OpenEnv server mid-run, restarted on its port a few seconds later: the episodes it
     dropped fail 'unavailable' (counted, left out), admission pauses until GET /health answers again,
     and the run ends normally."""
-    port, log = _free_port(), open(tmp_path / "server.log", "w")
+    port, log = port_for_later(), open(tmp_path / "server.log", "w")
     server = _serve(port, log)
     out = run_dir / "killed"
     cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}", "run.name=killed",
