@@ -340,10 +340,9 @@ reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
     t=$SECONDS
     rm -rf "$work/rg-sft"
     timeout -k 10 "$(left 200)" "$py" -m rlfleet.app.cli sft "${rgj[@]}" "$@" "data.val_files=[]" --data "$d/train.parquet" \
-      --output "$work/rg-sft" --max-steps "$sft_steps" --batch-size 32 2>&1 \
-      | grep "^rlfleet: sft model" | quiet
-    echo "--- sft: $((SECONDS - t)) s"
-    [ -f "$work/rg-sft/model/config.json" ] || { echo "the warm start wrote no model"; return 1; }
+      --output "$work/rg-sft" --max-steps "$sft_steps" --batch-size 32 > "$work/rg-sft.log" 2>&1
+    grep "^rlfleet: sft model" "$work/rg-sft.log"; echo "--- sft: $((SECONDS - t)) s"
+    [ -f "$work/rg-sft/model/config.json" ] || { echo "the warm start wrote no model:"; tail -5 "$work/rg-sft.log"; return 1; }
     cp "$work/rg-sft/metrics.jsonl" "$out/metrics-rg-$task-sft.jsonl"
     start=$work/rg-sft/model
     evaluate_rg "$start" "rg-$task-sft.json" "$@"
