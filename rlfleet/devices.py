@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 
 from rlfleet.errors import ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+#: Held by a CUDA graph capture, and by work on other threads that no capture may overlap: a device-wide
+#: synchronize, or mapping another process's CUDA IPC buffers. CUDA refuses such calls while any stream
+#: of the process captures, whatever the capture mode, and the refusal also invalidates the capture: at
+#: max_staleness=1 a weight pull landing on a decode-slot capture failed the pull
+#: (cudaErrorStreamCaptureUnsupported) and then the next generation (cudaErrorStreamCaptureInvalidated).
+CUDA_CAPTURE_EXCLUSIVE = threading.Lock()
 
 
 def resolve_device(spec: str, prefer_index: int = 0) -> torch.device:

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rlfleet.devices import CUDA_CAPTURE_EXCLUSIVE
 from rlfleet.errors import WeightSyncError
 from rlfleet.weights.group import WeightGroup
 from rlfleet.weights.manifest import (FLAG_CHECKSUMS, HEADER_WORDS, Manifest, checksum, decode_header,
@@ -196,9 +197,12 @@ class IpcWeightReceiver(WeightReceiver):
             group.broadcast(sums)
         error: Exception | None = None
         try:
-            buckets, tensors = self._copy_out(digest, layout, export)
+            with CUDA_CAPTURE_EXCLUSIVE:  # it synchronizes the device: never during a graph capture
+                buckets, tensors = self._copy_out(digest, layout, export)
         except WeightSyncError as exc:
             error = exc
+        except Exception as exc:  # a CUDA error too: the learner must hear of it, not wait out its timeout
+            error = WeightSyncError(f"copying the learner's CUDA IPC buffers failed: {exc}")
         # Everyone acknowledges, failed or not, so that no rank is left waiting in the collective.
         group.all_reduce_sum(torch.tensor([1 if error else 0], dtype=torch.int64))
         if error is not None:

@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 import torch
 
+from rlfleet.devices import CUDA_CAPTURE_EXCLUSIVE
 from services.rollout.engines.decoder import KVCache, StaticDecoder
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -91,10 +92,13 @@ class DecodeSlot:
             for _ in range(2):
                 self._eager()
         torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: the weight-sync thread may receive a broadcast while this thread captures.
-        with torch.cuda.graph(self.graph, pool=self._pool, capture_error_mode="thread_local"):
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the weight-sync thread may receive a broadcast while this thread captures; its
+        # device-wide calls (the IPC copy's synchronize) wait for the capture to end instead.
+        with CUDA_CAPTURE_EXCLUSIVE, torch.cuda.graph(graph, pool=self._pool,
+                                                      capture_error_mode="thread_local"):
             self._logits = self._eager()
+        self.graph = graph
 
     def step(self) -> torch.Tensor:
         if self._capture_at_first_step:
