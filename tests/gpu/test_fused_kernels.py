@@ -15,6 +15,19 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 pytest.importorskip("liger_kernel")
 
 
+@pytest.fixture(autouse=True)
+def _transformers_modules_restored(monkeypatch):
+    """Liger, even applied to one instance, also replaces transformers' module-level RMSNorm and MLP classes
+    and rotary function, so every later Llama/Qwen2 built in this process would carry its kernels: the
+    compile test after this file then failed (dynamo cannot trace Liger's RMSNorm function). Restored."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+
+    for module, prefix in ((modeling_llama, "Llama"), (modeling_qwen2, "Qwen2")):
+        for name in ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP"):
+            monkeypatch.setattr(module, name, getattr(module, name))
+
+
 def _model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     with torch.device("cuda"):
