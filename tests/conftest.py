@@ -15,8 +15,8 @@ TINY_VOCAB_SIZE = 64
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # `make test` runs two pytest-xdist workers on a 2-core machine: one torch (OpenMP) thread each, and
-    # for the commands they start, so that two workers do not run four spinning threads on two cores.
+    # `make test` runs three pytest-xdist workers on a 2-core machine: one torch (OpenMP) thread each, and
+    # for the commands they start, so that the workers do not run many spinning threads on two cores.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -59,3 +59,10 @@ def tiny_tokenizer(tiny_model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Longest files first, so that pytest-xdist's workers finish together (tests/scheduling.py).
+    from tests.scheduling import longest_files_first
+
+    items[:] = longest_files_first(items)

@@ -37,7 +37,7 @@ def test_the_calculator_phase_runs_its_commands_on_cpu(smollm2: Path, tmp_path: 
     assert proc.returncode == 0, said[-3000:]
     assert "=== calculator took" in proc.stdout, said[-3000:]
     assert "rlfleet: wrote 16 traces (arithmetic, hard;" in proc.stdout, said[-3000:]
-    assert "rlfleet: sft on 16 examples from hard-traces.parquet: 2 steps of 4" in proc.stdout, said[-3000:]
+    assert "rlfleet: sft on 16 examples from hard-traces.parquet: 2 steps of 2" in proc.stdout, said[-3000:]
     for arm in ARMS:
         assert any(line.startswith(arm) for line in proc.stdout.splitlines()), said[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["calc-raw.tgz", "calculator-summary.json",
