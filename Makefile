@@ -35,12 +35,12 @@ $(ENVS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[envs]" "$(TORCH_PIN)"
 	touch $(ENVS_STAMP)
 
-# Three pytest-xdist workers on two cores: the e2e tests wait on their processes part of the time, and
-# two workers kept ~1.5 of the 2 cores busy (18.0 min), three ~1.7 (17.4 min). Each test file runs on
-# one worker (module fixtures built once), the longest files first (tests/scheduling.py; xdist's
-# reordering by number of tests is turned off for it). PYTEST_ARGS adds to them, PYTEST_WORKERS=0 runs
-# in one process.
-PYTEST_WORKERS ?= 3
+# Two pytest-xdist workers on two cores (most e2e tests wait on their processes part of the time): they
+# kept ~1.5 of the 2 cores busy (18.0 min). Three kept ~1.7 busy but added ~8 % CPU in contention, 17.4
+# and 17.9 min in two runs, within the noise, so the load stays at two. Each test file runs on one worker
+# (module fixtures built once), the longest files first (tests/scheduling.py; xdist's reordering by number
+# of tests is turned off for it). PYTEST_ARGS adds to them, PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

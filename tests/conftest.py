@@ -15,7 +15,7 @@ TINY_VOCAB_SIZE = 64
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # `make test` runs three pytest-xdist workers on a 2-core machine: one torch (OpenMP) thread each, and
+    # `make test` runs two pytest-xdist workers on a 2-core machine: one torch (OpenMP) thread each, and
     # for the commands they start, so that the workers do not run many spinning threads on two cores.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
