@@ -53,7 +53,7 @@ class Learner:
         torch.manual_seed(seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-        apply_fused_kernels(base, cfg.fused_kernels, device)
+        fused = apply_fused_kernels(base, cfg.fused_kernels, device)
         if cfg.gradient_checkpointing:
             # Non-reentrant: works with inputs that need no grad (frozen embeddings under LoRA) and
             # with the chunked lm_head, and is the variant torch recommends.
@@ -66,7 +66,12 @@ class Learner:
         self.model = apply_lora(base, cfg.lora)
         self.model.train()
         if cfg.compile_on(device.type == "cuda"):
-            compile_layers(self.model, device)
+            if fused == "liger":  # dynamo cannot trace Liger's RMSNorm: compiling would fail, then run eager
+                log.info("learner.compile_skipped",
+                         reason="learner.fused_kernels=liger: torch.compile cannot trace Liger's kernels, "
+                         "which fuse the same elementwise work; learner.fused_kernels=none compiles instead")
+            else:
+                compile_layers(self.model, device)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
             weight_decay=cfg.weight_decay, fused=device.type == "cuda")

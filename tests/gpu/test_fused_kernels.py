@@ -62,3 +62,21 @@ def test_liger_kernels_give_the_same_logprobs_and_gradients(kind):
     (plain_lp, plain_g), (liger_lp, liger_g) = results
     torch.testing.assert_close(liger_lp, plain_lp, atol=2e-4, rtol=0)
     assert (liger_g - plain_g).norm() / plain_g.norm() < 1e-3
+
+
+def test_a_learner_with_liger_kernels_skips_compile_and_says_why(tiny_model_dir, tmp_path, capsys):
+    """Liger's RMSNorm cannot be traced by dynamo, so learner.compile (on by default on a GPU) would fail
+    with a bare AssertionError and fall back to eager: with Liger on, compile is not tried, one line says
+    why, and the learner trains."""
+    from rlfleet.config import LearnerConfig
+    from rlfleet.types import TrainBatch
+    from services.learner.learner import Learner
+    from tests.unit.test_learner_loss_mask import batch
+
+    core = Learner(LearnerConfig(lr=1e-2, fused_kernels="liger"), tiny_model_dir, torch.device("cuda"),
+                   torch.bfloat16, tmp_path / "ckpt", max_response_tokens=8)
+    metrics = core.train(TrainBatch(step=1, samples=batch(0.0), expected_version=0)).metrics
+    said = capsys.readouterr().out
+    assert "learner.compile_failed" not in said, said
+    assert "learner.compile_skipped" in said and "fused_kernels=liger" in said, said
+    assert metrics["learner/tokens"] > 0
