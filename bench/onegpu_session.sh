@@ -227,7 +227,7 @@ calculator() {
   shift
   local level=hard train_rows=20000 test_rows=500 traces=4000 sft_steps=(--epochs 2 --batch-size 32) small=()
   if [ "$cpu" = 1 ]; then
-    train_rows=32 test_rows=4 traces=16 sft_steps=(--max-steps 2 --batch-size 2)
+    train_rows=32 test_rows=4 traces=16 sft_steps=(--max-steps 2 --batch-size 1)
     # the tiny model's 256-token context holds no tools' system message, '####' instruction nor hard trace
     [ -n "${ONEGPU_MODEL:-}" ] || { small=(--instruction ""); level=easy; }
   fi

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import pytest
 
 FILE_SECONDS = {
-    "tests/e2e/test_tool_warm_start.py": 172,
-    "tests/e2e/test_onegpu_calculator_phase.py": 171,
+    "tests/e2e/test_tool_warm_start.py": 152,
+    "tests/e2e/test_onegpu_calculator_phase.py": 150,
     "tests/e2e/test_algorithms.py": 117,
-    "tests/e2e/test_model_import.py": 98,
+    "tests/e2e/test_model_import.py": 85,
     "tests/deploy/test_slurm.py": 95,
     "tests/e2e/test_faults.py": 79,
     "tests/e2e/test_onegpu_session_cpu.py": 76,
@@ -33,11 +33,10 @@ FILE_SECONDS = {
     "tests/e2e/test_lifecycle.py": 44,
     "tests/e2e/test_run.py": 43,
     "tests/e2e/test_vllm.py": 40,
-    "tests/vllm/test_vllm_engine.py": 34,
+    "tests/vllm/test_vllm_engine.py": 56,
     "tests/service/test_weight_rpc_stall.py": 32,
     "tests/service/test_fleet_join_reconnect.py": 31,
     "tests/e2e/test_observability.py": 28,
-    "tests/vllm/test_vllm_agent_loop.py": 27,
     "tests/e2e/test_fleet_sim.py": 26,
     "tests/e2e/test_secure_run.py": 23,
     "tests/e2e/test_fleet_status.py": 22,

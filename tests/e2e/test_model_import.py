@@ -68,7 +68,8 @@ def test_import_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
-    """The recipe's steps, shrunk: prepare data, train 2 steps evaluating the base model at step 0,
+    """The recipe's steps, shrunk: prepare data, train 1 step (SmolLM2 on the CPU: ~12 s of training and
+    ~7 s of weight sync a step) evaluating the base model at step 0 and the trained one at step 1,
     evaluate the checkpoint with `rlfleet eval`, plot."""
     data = tmp_path / "data"
     for split in ("train", "test"):
@@ -78,8 +79,8 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     shrink = [f"model.path={smollm2}", f"data.train_files=[{data / 'train.parquet'}]",
               f"data.val_files=[{data / 'test.parquet'}]", f"run.output_dir={tmp_path / 'runs'}",
               "rollout.n=2", "rollout.max_new_tokens=12", "controller.prompts_per_step=2",
-              "controller.max_steps=2",
-              "controller.eval_every=2", "learner.checkpoint_every=2", "learner.lr=2e-5",
+              "controller.max_steps=1",
+              "controller.eval_every=1", "learner.checkpoint_every=1", "learner.lr=2e-5",
               "learner.lr_warmup_steps=1",
               "rollout.device=cpu", "learner.device=cpu", "reward.device=cpu"]
     config = str(REPO / "deploy" / "configs" / "gsm8k-smollm2-135m.yaml")
@@ -91,16 +92,15 @@ def test_gsm8k_recipe_smoke_on_cpu(smollm2: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "gsm8k-smollm2-135m"
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     train = [m for m in metrics if "actor/pg_loss" in m]
-    assert [m["step"] for m in train] == [1, 2]
-    # warmup
-    assert train[0]["actor/lr"] == pytest.approx(1e-5) and train[1]["actor/lr"] == pytest.approx(2e-5)
-    assert [m["step"] for m in metrics if "val/openai/gsm8k/accuracy" in m] == [0, 2]
+    assert [m["step"] for m in train] == [1]
+    assert train[0]["actor/lr"] == pytest.approx(1e-5)  # the recipe's warmup: half the peak at step 1 of 1
+    assert [m["step"] for m in metrics if "val/openai/gsm8k/accuracy" in m] == [0, 1]
     samples = read_jsonl(run_dir / "samples" / "train.jsonl")
     assert {s["prompt_index"] for s in samples} <= set(range(6))
     after = rlfleet("eval", "--config", config, *shrink, "--model", str(run_dir), "--output",
                     str(tmp_path / "after.json"))
     assert after.returncode == 0, after.stderr[-3000:]
-    assert json.loads((tmp_path / "after.json").read_text())["model"].endswith("step_2")
+    assert json.loads((tmp_path / "after.json").read_text())["model"].endswith("step_1")
     assert rlfleet("plot", str(run_dir)).returncode == 0
 
 
