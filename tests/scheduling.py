@@ -3,7 +3,7 @@
 Under `--dist loadfile` a file runs whole on one worker, and a worker takes the next file when it is
 nearly done with its own. Handed out longest first (and `--no-loadscope-reorder`, which would otherwise
 sort the files by their number of tests), the long end-to-end files start early and short ones are
-left to fill the gaps, so the workers finish together (sorted by number of tests, the two ~170 s
+left to fill the gaps, so the workers finish together (sorted by number of tests, the two ~210 s
 single-test files started last).
 
 FILE_SECONDS: wall seconds per file, measured under `make test` on the 2-core machine (2026-12-03,
