@@ -75,14 +75,6 @@ class Child:
 STOP_GRACE_S = 300.0
 
 
-def free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def replica_names(count: int) -> list[str]:
     """`rollout` for the first replica (so one replica looks like any other service), then rollout-1…"""
     return ["rollout", *(f"rollout-{i}" for i in range(1, count))]
@@ -172,20 +164,22 @@ class Launcher:
 
     def _start_environment(self, config_path: Path) -> str:
         """Serves env.name in a process of its own (supervised like the services), with the job's
-        security and limits and env.params from `config_path`. Its port is chosen here, so a
-        restarted environment server is found where the rollout already looks."""
+        security and limits and env.params from `config_path`. Without env.port the server binds a
+        free port itself (a port picked here and closed could be taken before it binds it); its
+        command then names that port, so a restarted server is found where the rollout already looks."""
         env = self.cfg.env
-        port = env.port or free_port(env_host := "127.0.0.1")
         stderr_path = self.run_dir / "logs" / "env.stderr"
-        cmd = [sys.executable, "-m", "rlfleet.app.cli", "env", "serve", env.name, "--host", env_host,
-               "--port", str(port), "--config", str(config_path),
+        cmd = [sys.executable, "-m", "rlfleet.app.cli", "env", "serve", env.name, "--host", "127.0.0.1",
+               "--port", str(env.port or 0), "--config", str(config_path),
                "--announce", str(self.run_dir / "services" / "env.json")]
         child_env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), env=child_env,
                                 start_new_session=True)
         child = Child("env", proc, stderr_path, cmd=cmd, env=child_env, run_dir=self.run_dir)
         self.children.append(child)
-        return self._await_announce(child)
+        address = self._await_announce(child)
+        cmd[cmd.index("--port") + 1] = address.rpartition(":")[2]  # for a restart (rlfleet/app/supervisor.py)
+        return address
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
         path = self.run_dir / "services" / f"{child.role}.json"

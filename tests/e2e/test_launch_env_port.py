@@ -21,7 +21,8 @@ def test_the_environment_server_binds_its_own_port_and_keeps_it_for_a_restart(tm
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         taken_port = taken.getsockname()[1]
-        monkeypatch.setattr(launch, "free_port", lambda host: taken_port)
+        # what such a pick would return (the launcher's former free_port, gone with the fix)
+        monkeypatch.setattr(launch, "free_port", lambda host: taken_port, raising=False)
         cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.name=envport", "env.name=calculator"])
         launcher = Launcher(cfg)
         (launcher.run_dir / "services").mkdir(parents=True)
