@@ -178,7 +178,8 @@ class Launcher:
         child = Child("env", proc, stderr_path, cmd=cmd, env=child_env, run_dir=self.run_dir)
         self.children.append(child)
         address = self._await_announce(child)
-        cmd[cmd.index("--port") + 1] = address.rpartition(":")[2]  # for a restart (rlfleet/app/supervisor.py)
+        at = cmd.index("--port") + 1  # a restart binds the port it has (rlfleet/app/supervisor.py)
+        child.cmd = [*cmd[:at], address.rpartition(":")[2], *cmd[at + 1:]]
         return address
 
     def _await_announce(self, child: Child, timeout_s: float = 120.0) -> str:
