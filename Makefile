@@ -44,17 +44,17 @@ $(ENVS_STAMP): $(STAMP) pyproject.toml
 # image sets it) no process writes its .pyc, so each of the suite's ~480 Python processes compiled the
 # modules it imports again (~0.5 CPU-s for a service's; existing .pyc files are still read).
 PYTEST_WORKERS ?= 2
+PYTEST_RUN = $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 test: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
 	$(PY) -m compileall -q rlfleet services controller tests > /dev/null
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PYTEST_RUN)
 
 # The same run with every Python process under it logging its CPU seconds (tests/process_cpu), then a report
 # of where the CPU went: per kind of process (service roles, rlfleet commands) and per test.
 CPU_LOG ?= process-cpu.jsonl
 test-cpu: $(STAMP) $(VLLM_STAMP) $(ENVS_STAMP)
 	$(PY) -m compileall -q rlfleet services controller tests > /dev/null
-	$(PY) -m tests.process_cpu.report --run $(CPU_LOG) -- \
-		$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m tests.process_cpu.report --run $(CPU_LOG) -- $(PYTEST_RUN)
 
 # deploy/ for real: the CPU image built with podman, compose up, the systemd units under systemd
 # (tests marked `containers`, which `make test` leaves out; .ci/run runs this after it). Needs root;

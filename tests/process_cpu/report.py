@@ -41,18 +41,19 @@ def summarize(lines: list[dict]) -> dict:
     """Totals per kind and per test: {kind: [processes, cpu_s, with torch]}, {test: [processes, cpu_s]}."""
     kinds: dict[str, list] = defaultdict(lambda: [0, 0.0, 0])
     tests: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    torch_cpu = 0.0
     for line in lines:
         kind = kinds[process_kind(line["argv"], line.get("pytest", False))]
         kind[0] += 1
         kind[1] += line["cpu_s"]
         kind[2] += bool(line["torch"])
+        torch_cpu += line["cpu_s"] if line["torch"] else 0.0
         if line["test"]:
             tests[line["test"]][0] += 1
             tests[line["test"]][1] += line["cpu_s"]
-    cpu = sum(line["cpu_s"] for line in lines)
-    torch_cpu = sum(line["cpu_s"] for line in lines if line["torch"])
-    return {"processes": len(lines), "cpu_s": cpu, "torch_processes": sum(bool(x["torch"]) for x in lines),
-            "torch_cpu_s": torch_cpu, "kinds": dict(kinds), "tests": dict(tests)}
+    return {"processes": len(lines), "cpu_s": sum(k[1] for k in kinds.values()),
+            "torch_processes": sum(k[2] for k in kinds.values()), "torch_cpu_s": torch_cpu,
+            "kinds": dict(kinds), "tests": dict(tests)}
 
 
 def render(summary: dict, suite_cpu_s: float | None = None, top: int = 25) -> str:
