@@ -26,8 +26,10 @@ class LearnerConfig(ServiceEndpointConfig):
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
     micro_batch_tokens: int | None = Field(
-        None, ge=1, description="token budget of one micro-batch (padded length x sequences); null: 4096 "
-        "on a GPU, 1024 on the CPU (a quarter of the activation memory there, at the same speed)")
+        None, ge=1, description="token budget of one micro-batch (padded length x sequences); null: on a "
+        "GPU the largest multiple of 1024 up to 32768 that the memory plan fits in the learner's share "
+        "(logged; 4096 where no plan runs: a sharded learner), 1024 on the CPU (a quarter of the activation "
+        "memory there, at the same speed); a set value that does not fit is refused")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="share of its GPU's memory the learner may take; null: no cap on a "

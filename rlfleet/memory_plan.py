@@ -95,6 +95,25 @@ def learner_bytes(shape: Shape, dtype_bytes: int, micro_batch_tokens: int, check
             "logits": 3 * logit_tokens * shape.vocab * 4, "CUDA context": CONTEXT_BYTES}
 
 
+#: the micro-batch the plan picks when learner.micro_batch_tokens is unset: the largest multiple of
+#: AUTO_MICRO_BATCH_STEP tokens that fits the learner's share, at most AUTO_MICRO_BATCH_MAX (the size the
+#: SmolLM2 recipes were measured with; a larger one adds no measured speed and only memory)
+AUTO_MICRO_BATCH_STEP, AUTO_MICRO_BATCH_MAX = 1024, 32768
+
+
+def largest_micro_batch(shape: Shape, dtype_bytes: int, budget_bytes: float, checkpointing: bool,
+                        logprob_chunk_tokens: int) -> int | None:
+    """The largest micro_batch_tokens (a multiple of AUTO_MICRO_BATCH_STEP, at most AUTO_MICRO_BATCH_MAX)
+    whose learner_bytes fit `budget_bytes`; None when not even one step's worth fits."""
+    best = None
+    for tokens in range(AUTO_MICRO_BATCH_STEP, AUTO_MICRO_BATCH_MAX + 1, AUTO_MICRO_BATCH_STEP):
+        need = learner_bytes(shape, dtype_bytes, tokens, checkpointing, logprob_chunk_tokens)
+        if sum(need.values()) > budget_bytes:
+            break  # the estimate grows with the tokens: no larger size fits either
+        best = tokens
+    return best
+
+
 def shares(rollout_share: float | None, learner_share: float | None, shared: bool) -> tuple[float, float]:
     """The two shares in force: the configured ones, or the defaults for a shared or an own GPU."""
     rollout = rollout_share if rollout_share is not None else (

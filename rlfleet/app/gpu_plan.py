@@ -9,7 +9,7 @@ import structlog
 
 from rlfleet.config import JobConfig, LearnerConfig, RolloutConfig
 from rlfleet.errors import ConfigError
-from rlfleet.memory_plan import GIB, Shape, check, learner_bytes, rollout_bytes, shares
+from rlfleet.memory_plan import GIB, Shape, check, largest_micro_batch, learner_bytes, rollout_bytes, shares
 
 log = structlog.get_logger(__name__)
 #: the prompt length the rollout's plan assumes when data.max_prompt_length is not set
@@ -63,22 +63,44 @@ def plan_rollout(cfg: JobConfig, device, model_path: Path, dtype) -> RolloutConf
     return cfg.rollout.model_copy(update={"gpu_memory_utilization": share})
 
 
-def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path: Path, dtype) -> None:
-    """Checks the learner's estimate against its share; on a shared GPU its allocator is capped."""
+def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path: Path, dtype) -> LearnerConfig:
+    """The learner's settings with its micro-batch resolved, checked against its share; on a shared GPU
+    its allocator is capped. An unset learner.micro_batch_tokens becomes the largest size that fits the
+    share (logged); a size the user set that does not fit is refused, naming the keys."""
     if device.type != "cuda":
-        return
+        return learner_cfg
     import torch
 
     shared = roles_share_gpu(cfg, torch.cuda.device_count())
     _, share = shares(cfg.rollout.gpu_memory_utilization, learner_cfg.gpu_memory_utilization, shared)
-    need = learner_bytes(_model_shape(model_path), torch.finfo(dtype).bits // 8,
-                         learner_cfg.micro_batch_tokens_on(on_gpu=True),
-                         learner_cfg.gradient_checkpointing, learner_cfg.forward_layout(on_gpu=True)[0])
+    shape, dtype_bytes = _model_shape(model_path), torch.finfo(dtype).bits // 8
+    chunk = learner_cfg.forward_layout(on_gpu=True)[0]
     total = torch.cuda.get_device_properties(device).total_memory
+    learner_cfg = with_micro_batch(learner_cfg, shape, dtype_bytes, share * total, chunk)
+    need = learner_bytes(shape, dtype_bytes, learner_cfg.micro_batch_tokens_on(on_gpu=True),
+                         learner_cfg.gradient_checkpointing, chunk)
     check("the learner", need, share, total, "learner.gpu_memory_utilization",
           "learner.micro_batch_tokens, or set learner.gradient_checkpointing=true / "
           "learner.logprob_chunk_tokens")
     if shared:
         torch.cuda.set_per_process_memory_fraction(share, device)
     log.info("learner GPU memory plan", shared_with_rollout=shared, share=share,
-             budget_gib=round(share * total / GIB, 1), estimate_gib=round(sum(need.values()) / GIB, 1))
+             budget_gib=round(share * total / GIB, 1), estimate_gib=round(sum(need.values()) / GIB, 1),
+             micro_batch_tokens=learner_cfg.micro_batch_tokens)
+    return learner_cfg
+
+
+def with_micro_batch(learner_cfg: LearnerConfig, shape: Shape, dtype_bytes: int, budget_bytes: float,
+                     logprob_chunk_tokens: int) -> LearnerConfig:
+    """learner_cfg with an unset micro_batch_tokens replaced by the largest size that fits the budget
+    (left unset when none does: the check then refuses the default with its sizes)."""
+    if learner_cfg.micro_batch_tokens is not None:
+        return learner_cfg
+    chosen = largest_micro_batch(shape, dtype_bytes, budget_bytes, learner_cfg.gradient_checkpointing,
+                                 logprob_chunk_tokens)
+    if chosen is None:
+        return learner_cfg
+    log.info("learner micro-batch chosen by the memory plan", micro_batch_tokens=chosen,
+             budget_gib=round(budget_bytes / GIB, 1),
+             hint="set learner.micro_batch_tokens to choose it yourself")
+    return learner_cfg.model_copy(update={"micro_batch_tokens": chosen})

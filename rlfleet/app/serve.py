@@ -96,7 +96,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         learner_cfg, path = learner_runtime_config(cfg, device, gpus), resolve_model_path(cfg.model.path)
         dtype = resolve_dtype(cfg.model.dtype, device)
-        plan_learner(cfg, learner_cfg, device, path, dtype)  # its share of a GPU shared with a rollout
+        # its share of a GPU shared with a rollout, and its micro-batch when unset
+        learner_cfg = plan_learner(cfg, learner_cfg, device, path, dtype)
         learner = Learner(learner_cfg, path, device, dtype, cfg.run.dir / "checkpoints",
                           seed=cfg.run.seed, algorithm=cfg.algorithm,
                           max_response_tokens=cfg.rollout.max_new_tokens,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlfleet.errors import ConfigError
-from rlfleet.memory_plan import GIB, Shape, check, learner_bytes, rollout_bytes, shares
+from rlfleet.memory_plan import (AUTO_MICRO_BATCH_MAX, GIB, Shape, check, largest_micro_batch, learner_bytes,
+                                 rollout_bytes, shares)
 
 # SmolLM2-135M's config.json (the parts the plan reads)
 SMOL = {"num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
@@ -84,3 +85,52 @@ def test_roles_share_a_gpu_as_rlfleet_run_places_them() -> None:
     assert roles_share_gpu(pinned, gpus=2)
     remote = load_config(overrides=["rollout.address=h:1", "learner.device=auto"])
     assert not roles_share_gpu(remote, gpus=1)
+
+
+# A small shape whose estimate is easy to follow by hand: params = embed 1000*64 = 64,000; per layer
+# q,k,v,o 4*64*(4*16) = 16,384, mlp 3*64*128 = 24,576, norms 128 -> 41,088 x 2 = 82,176; final norm 64
+SMALL = Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=4, head_dim=16, vocab=1000, tied=True,
+              context=2048)
+# fixed part of the learner's estimate in bf16: weights, gradients, two moments and the push buffer
+# (5 x 146,240 x 2 B = 1,462,400) + the CUDA context (536,870,912) = 538,333,312 B
+FIXED = 5 * 146_240 * 2 + GIB // 2
+# per token without checkpointing: 2 layers x (16*64 + 6*128) x 2 B = 7,168 B of activations, and with
+# whole-batch logits 3 x 1000 x 4 B = 12,000 B more
+
+
+def test_small_shape_by_hand() -> None:
+    assert SMALL.params == 64_000 + 82_176 + 64 == 146_240
+    need = learner_bytes(SMALL, 2, micro_batch_tokens=1024, checkpointing=False, logprob_chunk_tokens=0)
+    assert sum(need.values()) == FIXED + 1024 * (7_168 + 12_000)
+
+
+def test_the_largest_micro_batch_that_fits_by_hand() -> None:
+    # 4096 tokens: FIXED + 4096 * 19,168 = 616,845,440 B fits 620,000,000; 5120: 636,473,472 does not
+    assert largest_micro_batch(SMALL, 2, 620_000_000, checkpointing=False, logprob_chunk_tokens=0) == 4096
+    # chunked log-probs (1024 tokens of logits at a time: 12,288,000 B whatever the micro-batch): the
+    # activations may take 620,000,000 - FIXED - 12,288,000 = 69,378,688 B = 9,679 tokens of 7,168 B -> 9216
+    assert largest_micro_batch(SMALL, 2, 620_000_000, checkpointing=False, logprob_chunk_tokens=1024) == 9216
+    # room for far more than the cap: the cap; room for not even 1024 tokens: None
+    assert largest_micro_batch(SMALL, 2, 100 * GIB, checkpointing=False, logprob_chunk_tokens=0) \
+        == AUTO_MICRO_BATCH_MAX == 32768
+    assert largest_micro_batch(SMALL, 2, FIXED + 1023 * 19_168, checkpointing=False,
+                               logprob_chunk_tokens=0) is None
+
+
+def test_an_unset_micro_batch_is_chosen_and_a_set_one_kept() -> None:
+    from rlfleet.app.gpu_plan import with_micro_batch
+    from rlfleet.learner_config import LearnerConfig
+
+    chosen = with_micro_batch(LearnerConfig(), SMALL, 2, 620_000_000, logprob_chunk_tokens=0)
+    assert chosen.micro_batch_tokens == 4096
+    mine = LearnerConfig(micro_batch_tokens=32768)
+    assert with_micro_batch(mine, SMALL, 2, 620_000_000, logprob_chunk_tokens=0).micro_batch_tokens == 32768
+    # nothing fits: left unset, so the plan's check refuses the default with its sizes as before
+    assert with_micro_batch(LearnerConfig(), SMALL, 2, FIXED, logprob_chunk_tokens=0).micro_batch_tokens is None
+
+
+def test_a_set_micro_batch_that_does_not_fit_is_refused_as_before() -> None:
+    need = learner_bytes(SMALL, 2, micro_batch_tokens=32768, checkpointing=False, logprob_chunk_tokens=0)
+    with pytest.raises(ConfigError, match=r"the learner needs about .* GiB .*learner.gpu_memory_utilization"):
+        check("the learner", need, 0.5, int(1.2 * GIB), "learner.gpu_memory_utilization",
+              "learner.micro_batch_tokens")
