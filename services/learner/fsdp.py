@@ -37,7 +37,7 @@ from services.learner.algorithms.aggregation import BatchCounts
 from services.learner.checkpoint import save_checkpoint
 from services.learner.learner import Learner
 from services.learner.reference import FrozenCopyReference
-from services.learner.update import PolicyUpdate, Prepared, _Means
+from services.learner.update import MAX_METRICS, PolicyUpdate, Prepared, _Means
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -89,19 +89,34 @@ class ShardedPolicyUpdate(PolicyUpdate):
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         tokens: dict[str, float] = {}
+        largest: dict[str, float] = {}
         for p, real in self._share(mini):
             metrics = self._backward(p, counts, temperature, first_pass)
             n = p.mb.num_tokens if real else 0
+            for key in MAX_METRICS & metrics.keys():
+                value = float(metrics.pop(key))
+                largest[key] = max(largest.get(key, 0.0), value if n else 0.0)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + (float(value) * n if n else 0.0)
                 tokens[key] = tokens.get(key, 0.0) + n
         self._add_global_means(sums, tokens, means)
+        self._add_global_maxima(largest, means)
         params = [q for q in self.model.parameters() if q.grad is not None]
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         grad_norm = full_tensor(torch.nn.utils.get_total_norm([q.grad for q in params]))
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
         self.optimizer.step()
         means.add_step({"actor/grad_norm": float(grad_norm)})
+
+    def _add_global_maxima(self, largest: dict[str, float], means: _Means) -> None:
+        """The largest of each MAX_METRICS value over the world (every rank has the same keys)."""
+        if not largest:
+            return
+        keys = sorted(largest)
+        both = torch.tensor([largest[k] for k in keys], dtype=torch.float64,
+                            device=next(self.model.parameters()).device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        means.add_tokens(dict(zip(keys, both.cpu().tolist())), 0)
 
     def _add_global_means(self, sums: dict[str, float], tokens: dict[str, float], means: _Means) -> None:
         """Token sums of this rank's micro-batches, summed over the world (every rank has the same keys)."""

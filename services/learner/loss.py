@@ -19,6 +19,8 @@ The losses themselves are registered units in ``services/learner/algorithms/``
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Shared with the rollout engines (behaviour log-probs), so they live in the core.
@@ -80,3 +82,26 @@ def masked_token_mean(
     if not normalizer > 0:
         raise ValueError(f"normalizer must be > 0 (a global token count), got {normalizer}")
     return total / normalizer
+
+
+#: a token counts in mismatch/ratio_over_2 when pi_learner / pi_rollout is above 2 or below 1/2
+_LOG_TWO = math.log(2.0)
+
+
+def mismatch_stats(learner_logprobs_B_T: torch.Tensor, rollout_logprobs_B_T: torch.Tensor,
+                   mask_B_T: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Training-inference mismatch over the trained tokens: how far the learner's log-probs of the
+    sampled tokens are from the ones the rollout sampled them with.
+
+    ``mismatch/kl`` is the k3 estimate of KL(rollout || learner) from the rollout's own samples,
+    r - 1 - ln r with r = pi_learner / pi_rollout (non-negative, zero only when the two agree);
+    ``mismatch/abs_logprob_diff_mean`` / ``_max`` the absolute log-ratio; ``mismatch/ratio_over_2``
+    the share of tokens whose ratio is beyond a factor of 2 either way. Tensors (read once per step)."""
+    mask = mask_B_T.bool()
+    log_ratio_B_T = torch.where(mask, learner_logprobs_B_T.float() - rollout_logprobs_B_T.float(), 0.0)
+    abs_B_T = log_ratio_B_T.abs()
+    k3_B_T = torch.expm1(log_ratio_B_T) - log_ratio_B_T
+    return {"mismatch/kl": masked_token_mean(k3_B_T, mask),
+            "mismatch/abs_logprob_diff_mean": masked_token_mean(abs_B_T, mask),
+            "mismatch/abs_logprob_diff_max": abs_B_T.max() if abs_B_T.numel() else abs_B_T.new_zeros(()),
+            "mismatch/ratio_over_2": masked_token_mean((abs_B_T > _LOG_TWO).float(), mask)}

@@ -29,7 +29,7 @@ from services.learner.algorithms.policy_losses import ClipSettings
 from services.learner.batching import MicroBatch, collate, split_by_token_budget, split_mini_batches
 from services.learner.critic import Critic
 from services.learner.forward import PLAIN, ForwardSettings, policy_logprobs, shape_stable_attention
-from services.learner.loss import masked_token_mean
+from services.learner.loss import masked_token_mean, mismatch_stats
 from services.learner.packing import split_by_packed_budget
 from services.learner.reference import model_logprobs
 
@@ -45,6 +45,18 @@ class Prepared:
     returns_B_T: torch.Tensor | None = None
 
 
+#: per-micro-batch metrics whose step value is their largest, not their token mean
+MAX_METRICS = frozenset({"mismatch/abs_logprob_diff_max"})
+
+
+def mismatch_metrics(learner_logprobs_B_T: torch.Tensor, mb: MicroBatch) -> dict[str, torch.Tensor]:
+    """The training-inference mismatch of a micro-batch (services/learner/loss.mismatch_stats); the
+    mean also under its older name rollout/logprob_diff_mean, which dashboards read."""
+    stats = mismatch_stats(learner_logprobs_B_T.detach(), mb.behaviour_logprobs_B_T, mb.response_mask_B_T)
+    stats["rollout/logprob_diff_mean"] = stats["mismatch/abs_logprob_diff_mean"]
+    return stats
+
+
 class _Means:
     """Token-weighted means of per-micro-batch metrics, plus plain means of per-step ones.
 
@@ -56,9 +68,14 @@ class _Means:
         self.token_sums: dict[str, torch.Tensor | float] = defaultdict(float)
         self.token_counts: dict[str, float] = defaultdict(float)
         self.step_values: dict[str, list[torch.Tensor | float]] = defaultdict(list)
+        self.maxima: dict[str, torch.Tensor] = {}
 
     def add_tokens(self, metrics: dict[str, torch.Tensor | float], tokens: int) -> None:
         for key, value in metrics.items():
+            if key in MAX_METRICS:  # the largest over the step, not a mean
+                value = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                self.maxima[key] = torch.maximum(self.maxima[key], value) if key in self.maxima else value
+                continue
             value = value.detach().double() if isinstance(value, torch.Tensor) else float(value)
             self.token_sums[key] = self.token_sums[key] + value * tokens
             self.token_counts[key] += tokens
@@ -70,6 +87,7 @@ class _Means:
     def result(self) -> dict[str, float]:
         out = {k: float(s) / max(self.token_counts[k], 1) for k, s in self.token_sums.items()}
         out.update({k: sum(float(x) for x in v) / len(v) for k, v in self.step_values.items()})
+        out.update({k: float(v) for k, v in self.maxima.items()})
         return out
 
 
@@ -104,9 +122,7 @@ class PolicyUpdate:
         p = Prepared(mb)
         if self.correction.recomputes_old or self.algo.kl_in_reward:
             p.old_logprobs_B_T = model_logprobs(self.model, mb, temperature, self.forward)
-            diff_B_T = (p.old_logprobs_B_T - mb.behaviour_logprobs_B_T).abs()
-            means.add_tokens({"rollout/logprob_diff_mean": masked_token_mean(diff_B_T, mb.response_mask_B_T)},
-                             mb.num_tokens)
+            means.add_tokens(mismatch_metrics(p.old_logprobs_B_T, mb), mb.num_tokens)
         if self.reference is not None:
             p.ref_logprobs_B_T = self.reference.logprobs(mb, temperature, self.forward)
         if self.algo.kl_in_reward:
@@ -149,8 +165,7 @@ class PolicyUpdate:
         if first_pass and p.old_logprobs_B_T is None:
             # Without a recomputation pass the learner's pre-update log-probs are these
             # (exactly so for the first mini-batch).
-            diff_B_T = (logprobs_B_T.detach() - mb.behaviour_logprobs_B_T).abs()
-            metrics["rollout/logprob_diff_mean"] = masked_token_mean(diff_B_T, mb.response_mask_B_T)
+            metrics.update(mismatch_metrics(logprobs_B_T, mb))
         return metrics
 
     def _policy_step(self, mini: list[Prepared], counts: BatchCounts, temperature: float, first_pass: bool,

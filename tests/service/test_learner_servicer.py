@@ -152,6 +152,11 @@ def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
                                                    expected_version=0),
                           timeout=TIMEOUT)
     assert reply.metrics["rollout/logprob_diff_mean"] < 1e-3
+    # the training-inference mismatch reaches the reply (and so metrics.jsonl, TensorBoard, Prometheus)
+    assert reply.metrics["mismatch/abs_logprob_diff_mean"] == reply.metrics["rollout/logprob_diff_mean"]
+    assert 0.0 <= reply.metrics["mismatch/kl"] < 1e-3
+    assert reply.metrics["mismatch/abs_logprob_diff_max"] >= reply.metrics["mismatch/abs_logprob_diff_mean"]
+    assert reply.metrics["mismatch/ratio_over_2"] == 0.0
     assert reply.metrics["actor/pg_clipfrac"] == 0.0
 
 

@@ -56,7 +56,8 @@ def check_equivalence(tiny_model_dir: Path, tmp_path: Path, device: str) -> None
         assert got["learner/micro_batches"] == want["learner/micro_batches"] == 6.0
         assert got["learner/optimizer_steps"] == 2.0  # than ranks, so rank 1 pads with a blank one
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac",
-                    "rollout/logprob_diff_mean", "actor/advantages_mean"):
+                    "rollout/logprob_diff_mean", "actor/advantages_mean", "mismatch/kl",
+                    "mismatch/abs_logprob_diff_max", "mismatch/ratio_over_2"):
             assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), (step, key)
         assert got.keys() - {"timing/learner_step_s"} == want.keys() - {"timing/learner_step_s"}
     assert expected[1]["actor/kl_loss"] > 0  # the policy moved away from the reference

@@ -126,7 +126,8 @@ def test_an_unset_micro_batch_is_chosen_and_a_set_one_kept() -> None:
     mine = LearnerConfig(micro_batch_tokens=32768)
     assert with_micro_batch(mine, SMALL, 2, 620_000_000, logprob_chunk_tokens=0).micro_batch_tokens == 32768
     # nothing fits: left unset, so the plan's check refuses the default with its sizes as before
-    assert with_micro_batch(LearnerConfig(), SMALL, 2, FIXED, logprob_chunk_tokens=0).micro_batch_tokens is None
+    unfit = with_micro_batch(LearnerConfig(), SMALL, 2, FIXED, logprob_chunk_tokens=0)
+    assert unfit.micro_batch_tokens is None
 
 
 def test_a_set_micro_batch_that_does_not_fit_is_refused_as_before() -> None:
