@@ -59,6 +59,18 @@
 #                steps of rlfleet run (evaluating every 20), rlfleet eval of the trained model ($OUT/
 #                rg-TASK-base.json, rg-TASK-trained.json, metrics-rg-TASK-N.jsonl); about 5 minutes for 80
 #                steps. The overrides go to every command (a CPU dry run: tests/e2e/test_onegpu_session_cpu.py)
+#   "chunk FILE..."  appends carried chunks of a real model's GGUF to $work/model.gguf, one device call each
+#                (a chunk of <= 54 MB is all a call can carry beside the working tree; the calls go back to back,
+#                so the machine, and /tmp, stay warm): bash bench/fetch_model.sh with FETCH_CHUNKS=.carry/q cuts them
+#   "qwen-setup NAME"  checks $work/model.gguf is NAME (size and sha256, bench/model_parts.py; a wrong one is
+#                refused, naming which), imports it to $work/models/NAME, writes the GSM8K Parquet files
+#   "qwen-eval NAME"  NAME on all 1,319 GSM8K test problems (greedy, deploy/configs/gsm8k-NAME.yaml's 512
+#                tokens) under verl's strict and flexible rules and gsm8k_lenient: $OUT/qwen-eval-NAME.{md,json}
+#   "qwen-run NAME RUN [key=value ...]"  starts rlfleet run of deploy/configs/gsm8k-NAME.yaml in its own
+#                process session (it outlives the call; later calls find it while the machine stays warm);
+#                RLFLEET_PROFILE_STEPS, when set, traces those steps into $work/RUN-prof
+#   "qwen-wait RUN SECONDS"  waits for RUN to end or SECONDS to pass, prints its steps and evaluations so far;
+#                $OUT/metrics-RUN.jsonl, RUN-val.tgz (samples/val.jsonl, the logs, the profile traces)
 #   "bench ..."  any python bench/... command line
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/) and GSM8K's
 # train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/ and .whl-rg/ (reasoning-gym,
@@ -358,6 +370,63 @@ reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
   evaluate_rg "$work/outputs/$name" "rg-$task-trained.json" "$@"
 }
 
+# the GSM8K recipe of a real Qwen model (docs/recipes/gsm8k-qwen2.5-coder.md), its files under $work
+qjob() {  # NAME: qj=(the recipe's job on setup's model and data)
+  local path=$work/models/$1 extra=()
+  [ "$cpu" = 1 ] && { path=$model; extra=(data.max_prompt_length=160 controller.max_steps=2 controller.eval_every=1); }
+  qj=(--config "deploy/configs/gsm8k-$1.yaml" model.path="$path" run.output_dir="$work/outputs"
+      "data.train_files=[$work/data/gsm8k-train.parquet]" "data.val_files=[$work/data/gsm8k-test.parquet]"
+      "${shrink[@]}" "${extra[@]}")
+}
+
+qwen_setup() {  # NAME
+  if [ "$cpu" != 1 ]; then
+    "$py" bench/model_parts.py check "$work/model.gguf" "$1" || return 1
+    rlfleet model import "$work/model.gguf" --output "$work/models/$1" --force 2>&1 | quiet | tail -2
+  fi
+  gsm8k_data
+}
+
+qwen_eval() {  # NAME: the base model under the three rules
+  local d=$work/qwen-eval-$1
+  rm -rf "$d" && mkdir -p "$d"
+  qjob "$1"
+  timeout -k 20 "$(left 30)" "$py" -m rlfleet.app.cli eval "${qj[@]}" --output "$d/base.json" 2>&1 | quiet | tail -4
+  "$py" bench/rescore_samples.py "base=$d/base.samples.jsonl" --fn gsm8k --fn gsm8k_flexible --fn gsm8k_lenient \
+    --out "$out/qwen-eval-${1//./}"
+}
+
+qwen_run() {  # NAME RUN [key=value ...]: in its own session, so it outlives this call
+  local name=$1 run=$2
+  shift 2
+  qjob "$name"
+  rm -rf "$work/outputs/$run" "$work/$run-prof"
+  RLFLEET_PROFILE_DIR=$work/$run-prof setsid nohup "$py" -m rlfleet.app.cli run "${qj[@]}" run.name="$run" "$@" \
+    > "$work/$run.log" 2>&1 < /dev/null &
+  echo "$!" > "$work/$run.pid"
+  echo "started $run (pid $!): $work/$run.log"
+}
+
+qwen_wait() {  # RUN SECONDS
+  local run=$1 until=$((SECONDS + $2)) pid d=$work/outputs/$1
+  pid=$(cat "$work/$run.pid" 2>/dev/null) || { echo "no run $run here (a cold machine lost /tmp)"; return 1; }
+  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $until ] && [ "$(left 20)" -gt 1 ]; do sleep 5; done
+  kill -0 "$pid" 2>/dev/null && echo "$run still running" || echo "$run ended: $(tail -2 "$work/$run.log" | quiet)"
+  grep -h "memory plan\|micro-batch chosen" "$d/logs/"*.log 2>/dev/null | head -3 | cut -c1-300
+  cp "$d/metrics.jsonl" "$out/metrics-$run.jsonl" 2>/dev/null || { tail -20 "$work/$run.log"; return 1; }
+  "$py" -c "import json,sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    if any(k.startswith('val/') and k.endswith('accuracy') for k in m) or m.get('step', 0) % 10 == 0:
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in m.items() if k in ('step', 'reward/mean',
+               'val/accuracy', 'timing/step_s', 'response_length/mean', 'response_length/clip_ratio', 'actor/entropy',
+               'mismatch/kl', 'mismatch/abs_logprob_diff_max', 'mismatch/ratio_over_2', 'timing/gen_s',
+               'timing/learner_step_s', 'perf/learner_mfu')})" "$d/metrics.jsonl" | tail -30
+  "$py" bench/step_times.py "$d/metrics.jsonl" --first 6
+  tar czf "$out/$run-val.tgz" -C "$work" "outputs/$run/samples/val.jsonl" "outputs/$run/logs" "$run.log" \
+    $(cd "$work" && ls -d "$run-prof" 2>/dev/null) 2>/dev/null
+}
+
 phase() {
   local t0=$SECONDS k
   echo "=== $* ($(date +%T))"
@@ -470,6 +539,11 @@ phase() {
       tar czf "$out/sft-gsm8k-raw.tgz" -C "$work" sft-gsm8k-raw ;;
     reasoning-gym-base) reasoning_gym_base "${@:2}" ;;
     reasoning-gym) reasoning_gym "${@:2}" ;;
+    chunk) shift; cat "$@" >> "$work/model.gguf" && echo "$work/model.gguf: $(stat -c %s "$work/model.gguf") bytes" ;;
+    qwen-setup) qwen_setup "$2" ;;
+    qwen-eval) qwen_eval "$2" ;;
+    qwen-run) qwen_run "${@:2}" ;;
+    qwen-wait) qwen_wait "$2" "$3" ;;
     bench) shift; timeout 300 python3 "$@" 2>&1 | quiet | tail -15 ;;
     *) echo "unknown phase $1" ;;
   esac
