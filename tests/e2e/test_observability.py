@@ -239,7 +239,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     from PIL import Image
 
     with Image.open(out / "curves.png") as img:
-        assert img.format == "PNG" and img.size == (1200, 640)
+        assert img.format == "PNG" and img.size == (1200, 880)
         colors = img.convert("RGB").getcolors(maxcolors=1 << 16)
         assert colors is None or len(colors) > 20  # curves, not a blank canvas
 
