@@ -197,6 +197,19 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
         assert ARCH_METRICS <= m.keys(), ARCH_METRICS - m.keys()
     val_steps = [m["step"] for m in lines if "val/digits_reverse/accuracy" in m]
     assert val_steps == [0, 3, 6]
+    # the console: a line per step with its time and an ETA, flagged where no group had signal
+    printed = stdout.read_text().splitlines()
+    step_lines = [line for line in printed if line.startswith("step ")]
+    assert len(step_lines) == 6 and all(" s/step" in line for line in step_lines), printed
+    assert all("| ETA " in line for line in step_lines[:-1]) and "ETA" not in step_lines[-1]
+    for line, m in zip(step_lines, train_lines):
+        assert ("| no signal: " in line) == (m["groups/no_signal"] == m["groups/trained"]), (line, m)
+    # each validation (steps 0, 3, 6) prints rlfleet eval's table: a row per source and one for all
+    starts = [i for i, line in enumerate(printed) if line.startswith("rlfleet: validation of policy version")]
+    assert [printed[i].split(" at step ")[1].split()[0] for i in starts] == ["0", "3", "6"], printed
+    for i in starts:
+        assert printed[i + 1].split()[:5] == ["data_source", "prompts", "samples", "accuracy", "baseline"]
+        assert [printed[i + k].split()[0] for k in (2, 3, 4)] == ["digits_reverse", "openai/gsm8k", "all"]
     for m in lines:
         if m["step"] in val_steps:
             assert (
