@@ -5,7 +5,9 @@ and scoring to the same reward path as training, through `rlfleet.eval`, so the
 numbers are those `rlfleet eval` would give for the checkpoint of that step.
 Metrics: `val/<data_source>/accuracy`, `.../reward/mean`, `.../response_length/mean`,
 `.../pass@k` (eval_n > 1), the same over all sources as `val/...`, and
-`timing/eval_s`. Samples are appended to `samples/val.jsonl`.
+`timing/eval_s`, with the majority-answer baseline, answer diversity, clipped share and NLL of
+rlfleet/eval/scoring.py. Each evaluation prints `rlfleet eval`'s table (rlfleet/eval/report.py).
+Samples are appended to `samples/val.jsonl`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rlfleet.config import JobConfig
 from rlfleet.data.prompts import Prompt, load_prompts
 from rlfleet.env.tool_prompt import ToolPrompt
 from rlfleet.data.tasks import write_parquet
+from rlfleet.eval.report import format_table
 from rlfleet.eval.runner import GenerateFn, ScoreFn, run_eval
 from rlfleet.eval.scoring import flat_metrics, summarize
 from rlfleet.types import SamplingParams
@@ -95,6 +98,9 @@ class PeriodicEval:
                     json.dumps({"step": step, "evaluated_version": version, **dataclasses.asdict(s)}) + "\n"
                     for s in samples
                 )
+        # the table `rlfleet eval` prints, on the console under the step lines
+        print(f"rlfleet: validation of policy version {version} at step {step} ({len(self.prompts)} prompts, "
+              f"{metrics['timing/eval_s']:.1f}s):\n{format_table(summary)}", flush=True)
         log.info(
             "validation",
             step=step,

@@ -115,7 +115,7 @@ def dispatch(args: argparse.Namespace) -> int:
             raise RlfleetError("rlfleet controller needs "
                                + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
-        from rlfleet.app.launch import format_progress
+        from rlfleet.app.progress import StepProgress
         from rlfleet.logging import setup_logging
         setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log",
                       run=cfg.run.name)
@@ -127,8 +127,9 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
+            progress = StepProgress(cfg.controller.max_steps)
             run_controller(cfg, addresses, stop=signals.stop,
-                           on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
+                           on_step=lambda m: print("\n".join(progress.lines(m)), flush=True))
     elif args.command == "status":
         from rlfleet.app.status import print_status
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,
