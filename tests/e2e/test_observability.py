@@ -241,6 +241,20 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     tb = EventAccumulator(str(out / "tensorboard"))
     tb.Reload()
     assert ARCH_METRICS | {"val/digits_reverse/accuracy", "policy_version"} <= set(tb.Tags()["scalars"])
+    # ... and a few validation samples per evaluation (steps 0, 3, 6) in its text tab
+    assert {"val/digits_reverse/samples", "val/openai/gsm8k/samples"} <= set(tb.Tags()["tensors"])
+    assert [e.step for e in tb.Tensors("val/digits_reverse/samples")] == [0, 3, 6]
+    # `rlfleet samples`: the last step's samples, readable, and the validation ones as JSON
+    shown = rlfleet("samples", str(out), "--last", "2", timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    headers = [line for line in shown.stdout.splitlines() if line.startswith("── ")]
+    assert len(headers) == 2
+    assert all(h.startswith("── step 6 · prompt ") and "staleness" in h for h in headers), headers
+    val_json = rlfleet("samples", str(out), "--val", "--step", "6", "--last", "0", "--json", timeout=60)
+    assert val_json.returncode == 0, val_json.stderr
+    val_records = [json.loads(x) for x in val_json.stdout.splitlines()]
+    # 16 digits-reverse prompts and the 6 short GSM8K ones (the 2 long ones filtered)
+    assert len(val_records) == 16 + 6 and {r["step"] for r in val_records} == {6}
     # W&B (offline) received the metrics
     (wandb_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     blob = wandb_file.read_bytes()
