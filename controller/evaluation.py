@@ -24,7 +24,7 @@ from rlfleet.config import JobConfig
 from rlfleet.data.prompts import Prompt, load_prompts
 from rlfleet.env.tool_prompt import ToolPrompt
 from rlfleet.data.tasks import write_parquet
-from rlfleet.eval.report import format_table
+from rlfleet.eval.report import format_table, sample_texts
 from rlfleet.eval.runner import GenerateFn, ScoreFn, run_eval
 from rlfleet.eval.scoring import flat_metrics, summarize
 from rlfleet.types import SamplingParams
@@ -64,6 +64,7 @@ class PeriodicEval:
         self.per_request = cc.prompts_per_request
         self.samples_path = samples_path
         self.episodes = cfg.env.enabled  # validate as trained: multi-turn episodes with the environment
+        self.texts: dict[str, str] = {}  # a few samples of the last evaluation, for TensorBoard's text tab
 
     @classmethod
     def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int,
@@ -89,6 +90,7 @@ class PeriodicEval:
         samples = run_eval(self.prompts, generate, score, self.params, self.per_request,
                            episodes=self.episodes)
         summary = summarize(samples, self.params.n)
+        self.texts = {f"val/{src}/samples": text for src, text in sample_texts(samples).items()}
         metrics = flat_metrics(summary)
         metrics["timing/eval_s"] = time.perf_counter() - start
         if self.samples_path is not None:

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, sft_command
+from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, samples_cli, sft_command
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import FleetRefused, RlfleetError
@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft_command.add_parser(sub)
     model_command.add_parser(sub)
     plot.add_parser(sub)
+    samples_cli.add_parser(sub)
     health_cli.add_parser(sub)
     config_show.add_parser(sub)
     fleet_cli.add_parser(sub)
@@ -148,6 +149,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return model_command.run(args)
     elif args.command == "plot":
         return plot.run(args)
+    elif args.command == "samples":
+        return samples_cli.run(args)
     elif args.command == "reward":
         from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)

@@ -81,6 +81,23 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, *collapse_notes(summary)])
 
 
+def sample_texts(samples: list[EvalSample], per_source: int = 3, max_chars: int = 1500) -> dict[str, str]:
+    """A few samples per data_source as Markdown (TensorBoard's text tab), keyed `<data_source>`: the
+    first `per_source` prompts' first samples, so each evaluation shows the same prompts."""
+    out: dict[str, list[str]] = {}
+    for s in samples:
+        if s.sample != 0 or len(out.setdefault(s.data_source, [])) >= per_source:
+            continue
+        reward = "failed" if s.reward is None else f"{s.reward:.3f}"
+        tools = f" · {s.turns} turns, {s.tool_calls} tool calls ({s.tool_errors} failed)" if s.turns else ""
+        out[s.data_source].append(
+            f"**prompt {s.prompt_index}** · reward {reward} · answer `{s.answer}` · ground truth "
+            f"`{s.ground_truth}` · {s.length} tokens, finish {s.finish_reason}{tools}\n\n"
+            + "".join(f"    {line}\n" for line in s.response[-max_chars:].splitlines())
+        )
+    return {src: "\n\n".join(texts) for src, texts in out.items()}
+
+
 def write_report(
     path: str | Path, summary: dict[str, Any], samples: list[EvalSample], meta: dict[str, Any]
 ) -> tuple[Path, Path]:
