@@ -132,3 +132,18 @@ def test_a_few_validation_samples_go_to_tensorboard_as_text(tmp_path):
     assert {"val/a/samples", "val/b/samples"} <= set(tb.Tags()["tensors"])
     (event,) = tb.Tensors("val/b/samples")
     assert event.step == 3 and event.tensor_proto.string_val[0].decode() == texts["b"]
+
+
+def test_a_validation_episode_reads_with_its_counts_and_passes_the_tool_error_filter():
+    import dataclasses
+
+    from rlfleet.eval.scoring import EvalSample
+
+    s = EvalSample(prompt_index=4, data_source="calc", sample=1, prompt="q", response="call\nanswer 5",
+                   ground_truth="5", length=9, finish_reason="stop", policy_version=6, reward=1.0,
+                   turns=2, tool_calls=1, tool_errors=1, answer="5")
+    record = {"step": 6, "evaluated_version": 6, **dataclasses.asdict(s)}  # as PeriodicEval writes it
+    lines = format_record(record).splitlines()
+    assert lines[0] == "── step 6 · prompt 4 · calc sample 1 · version 6 · reward 1.000 · finish stop ──"
+    assert lines[-2:] == ["  episode: 2 turns, 1 tool calls (1 failed)", "  ground truth: 5 · answer read: 5"]
+    assert select([record], _args(tool_errors=True)) == [record]
