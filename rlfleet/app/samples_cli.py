@@ -169,6 +169,9 @@ def format_record(r: dict[str, Any], full: bool = False) -> str:
             lines.append(f"  environment reward: {_value(r['env_reward'])}")
     else:
         lines += ["  response:", _indent(str(r.get("response", "")))]
+        if isinstance(r.get("turns"), int) and r["turns"]:  # a validation episode: its counts only
+            lines.append(f"  episode: {r['turns']} turns, {r.get('tool_calls', 0)} tool calls "
+                         f"({r.get('tool_errors', 0)} failed)")
     lines.append(f"  ground truth: {r.get('ground_truth', '-')}"
                  + (f" · answer read: {r['answer']}" if r.get("answer") is not None else ""))
     for key, label in (("env_failure", "environment failed"), ("env_error", "environment error"),
