@@ -124,3 +124,15 @@ def test_each_validation_prints_the_eval_table(capsys):
     assert out[4] == "note: digits_reverse: 100% of answers are '12' (the most frequent ground truth)"
     assert m["val/digits_reverse/majority_baseline"] == pytest.approx(2 / 3)
     assert m["val/digits_reverse/answers/top_share"] == 1.0
+
+
+def test_the_end_of_a_run_counts_its_steps_without_signal():
+    progress = StepProgress(max_steps=4, clock=lambda: 0.0)
+    assert progress.summary() is None  # no step yet
+    progress.lines(metrics(1))
+    assert progress.summary() is None  # every step had signal: nothing to say
+    for step in (2, 3):
+        progress.lines(metrics(step, **{"groups/no_signal": 4.0}))
+    progress.lines(metrics(4))
+    assert progress.summary() == ("rlfleet: 2 of 4 steps had no signal (every group one reward for all its "
+                                  "samples): nothing was learned on them")
