@@ -131,6 +131,8 @@ def dispatch(args: argparse.Namespace) -> int:
             progress = StepProgress(cfg.controller.max_steps)
             run_controller(cfg, addresses, stop=signals.stop,
                            on_step=lambda m: print("\n".join(progress.lines(m)), flush=True))
+        if progress.summary():
+            print(progress.summary(), flush=True)
     elif args.command == "status":
         from rlfleet.app.status import print_status
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,

@@ -349,5 +349,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             finished.set()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
+    if progress.summary():
+        print(progress.summary(), flush=True)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)
     return summary

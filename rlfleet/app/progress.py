@@ -5,7 +5,7 @@ Each step: reward, loss, KL, entropy, staleness, throughput, weight sync, the st
 with an environment the turns and tool calls per episode and the share of tool calls that failed.
 A step on which every group gave all its samples one reward (no signal: zero advantages, pg_loss 0,
 the policy does not move) says so with the count; when that lasts NO_SIGNAL_STREAK steps in a row a
-line says the run is not learning and what to look at, once per streak.
+line says the run is not learning and what to look at, once per streak; the run's end counts them.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class StepProgress:
         self._last_at: float | None = None
         self._seconds: deque[float] = deque(maxlen=ETA_WINDOW)
         self._streak: list[int] = []  # the steps of the current run of steps without signal
+        self.steps = 0  # steps seen
+        self.flat_steps = 0  # of them, steps without signal
 
     def _eta(self, m: dict[str, Any]) -> str:
         now = self.clock()
@@ -86,12 +88,14 @@ class StepProgress:
         line = (format_progress(m, self.max_steps) + episode_part(m)
                 + f" | {m.get('timing/step_s', 0.0):.2f} s/step" + self._eta(m))
         out = [line]
+        self.steps += 1
         if not no_signal(m):
             self._streak = []
             return out
         groups = int(m["groups/trained"])
         out[0] += f" | no signal: {groups}/{groups} groups one reward each"
         self._streak.append(int(m["step"]))
+        self.flat_steps += 1
         if len(self._streak) == NO_SIGNAL_STREAK:
             same = (f" (every sample {m['reward/mean']:.3f})" if m.get("reward/std", 1.0) == 0.0 else "")
             out.append(
@@ -102,3 +106,10 @@ class StepProgress:
                 "`rlfleet samples RUN_DIR --last 8`, or raise rollout.n or rollout.temperature"
             )
         return out
+
+    def summary(self) -> str | None:
+        """A line for the end of the run when some of its steps had no signal, else None."""
+        if not self.flat_steps:
+            return None
+        return (f"rlfleet: {self.flat_steps} of {self.steps} steps had no signal (every group one reward for "
+                "all its samples): nothing was learned on them")

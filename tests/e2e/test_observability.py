@@ -204,6 +204,11 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     assert all("| ETA " in line for line in step_lines[:-1]) and "ETA" not in step_lines[-1]
     for line, m in zip(step_lines, train_lines):
         assert ("| no signal: " in line) == (m["groups/no_signal"] == m["groups/trained"]), (line, m)
+    flat = sum("| no signal: " in line for line in step_lines)  # the tiny model rarely answers GSM8K
+    assert (f"rlfleet: {flat} of 6 steps had no signal" in "\n".join(printed)) == (flat > 0)
+    if all("| no signal: " in line for line in step_lines[:5]):
+        assert any(line.startswith("rlfleet: not learning: no signal for 5 steps in a row (steps 1-5)")
+                   for line in printed)
     # each validation (steps 0, 3, 6) prints rlfleet eval's table: a row per source and one for all
     starts = [i for i, line in enumerate(printed) if line.startswith("rlfleet: validation of policy version")]
     assert [printed[i].split(" at step ")[1].split()[0] for i in starts] == ["0", "3", "6"], printed
