@@ -48,6 +48,7 @@ class Curve:
 class Panel:
     title: str
     curves: list[Curve] = field(default_factory=list)
+    ylim: tuple[float, float] | None = None  # fixed for shares, so a flat line near 0 reads as small
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +115,7 @@ def _reward_panel(lines: list[dict[str, Any]]) -> Panel:
 
 
 def _collapse_panel(lines: list[dict[str, Any]]) -> Panel:
-    panel = Panel("answer collapse and clipping (share)")
+    panel = Panel("answer collapse and clipping (share)", ylim=(-0.02, 1.02))
     for prefix in _val_prefixes(lines, "answers/top_share"):
         xs, ys = series(lines, f"{prefix}/answers/top_share")
         panel.curves.append(Curve(f"{prefix} most common answer", xs, ys, "--"))
@@ -172,6 +173,8 @@ def _draw(ax, panel: Panel) -> None:
             low = [y - b for y, b in zip(c.ys, c.band)]
             high = [y + b for y, b in zip(c.ys, c.band)]
             ax.fill_between(c.xs, low, high, color=c.color, alpha=0.15)
+    if panel.ylim is not None:
+        ax.set_ylim(*panel.ylim)
     _finish(ax, panel.title, bool(panel.curves))
 
 

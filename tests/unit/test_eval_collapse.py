@@ -152,6 +152,7 @@ def test_plot_panels_draw_accuracy_against_its_baseline_and_the_episode_curves(t
     assert drawn["entropy (nats/token)"]["train entropy"] == ([1.0], [2.0], "-")
     assert drawn["entropy (nats/token)"]["validation NLL of own tokens"][:2] == ([2.0], [0.1])
     collapse = drawn["answer collapse and clipping (share)"]
+    assert [p.ylim for p in panels(lines) if p.title.startswith("answer collapse")] == [(-0.02, 1.02)]
     assert collapse["val/lc most common answer"][:2] == ([2.0], [0.76])
     assert collapse["train clipped"][:2] == ([1.0], [0.5])
     episodes = drawn["multi-turn: per episode"]
