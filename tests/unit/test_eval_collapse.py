@@ -26,6 +26,8 @@ def test_answer_of_reads_tags_boxed_hashes_numbers_then_text():
     assert answer_of("<answer>1</answer> then <answer>2</answer>") == "2"  # the last tag
     assert answer_of("so \\boxed{17} and 3") == "17"
     assert answer_of("12 apples\n#### 1,234.") == "1234"  # after ####: commas and full stop dropped
+    assert answer_of("#### 72 apples") == "72"  # after ####: its leading number when it has one
+    assert answer_of("#### about seven") == "about seven"
     assert answer_of("3 then 5 then 8 apples") == "8"  # no marker: the last number
     assert answer_of("  Paris \n is   it ") == "Paris is it"  # no number: the text, spaces collapsed
     assert answer_of("x" * 100) == "x" * 40  # cut to MAX_ANSWER_CHARS
