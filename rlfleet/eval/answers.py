@@ -8,8 +8,9 @@ is a collapse onto one answer.
 
 The answer of a response is read by one fixed rule, whatever reward scored it (the reward rules
 live in the reward service; these numbers must be comparable across them): the last
-`<answer>…</answer>`, else the last `\\boxed{…}`, else what follows the last `####`, else the last
-number, else the whole text (whitespace collapsed, first MAX_ANSWER_CHARS characters).
+`<answer>…</answer>`, else the last `\\boxed{…}`, else what follows the last `####` (its leading
+number when it starts with one), else the last number, else the whole text (whitespace collapsed,
+first MAX_ANSWER_CHARS characters).
 """
 
 from __future__ import annotations
@@ -36,12 +37,21 @@ def _clean(text: str) -> str:
     return text[:MAX_ANSWER_CHARS]
 
 
+def _after_hashes(text: str) -> str:
+    """What follows `####`: its leading number when it starts with one (`#### 72 apples` -> 72)."""
+    leading = _NUMBER.match(text.strip())
+    return leading.group(0) if leading else text
+
+
 def answer_of(response: str) -> str:
     """The answer a response gives, by the rule of the module docstring ('' for an empty response)."""
-    for pattern in (_TAG, _BOXED, _HASHES):
+    for pattern in (_TAG, _BOXED):
         found = pattern.findall(response)
         if found:
             return _clean(found[-1])
+    found = _HASHES.findall(response)
+    if found:
+        return _clean(_after_hashes(found[-1]))
     numbers = _NUMBER.findall(response)
     return _clean(numbers[-1] if numbers else response)
 
@@ -50,7 +60,7 @@ def truth_of(ground_truth: str) -> str:
     """A ground truth as an answer: what follows its last `####` when it has one (GSM8K's full
     solutions), else itself, cleaned as answers are."""
     found = _HASHES.findall(ground_truth)
-    return _clean(found[-1] if found else ground_truth)
+    return _clean(_after_hashes(found[-1]) if found else ground_truth)
 
 
 @dataclass(frozen=True)
