@@ -128,7 +128,7 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
-            progress = StepProgress(cfg.controller.max_steps)
+            progress = StepProgress(cfg.controller.max_steps, run_dir=cfg.run.dir)
             run_controller(cfg, addresses, stop=signals.stop,
                            on_step=lambda m: print("\n".join(progress.lines(m)), flush=True))
         if progress.summary():

@@ -323,7 +323,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         if not finished.wait(STOP_GRACE_S):
             launcher.shutdown()
 
-    progress = StepProgress(cfg.controller.max_steps)
+    progress = StepProgress(cfg.controller.max_steps, run_dir=cfg.run.dir)
 
     def step_done(metrics: dict[str, Any]) -> None:
         last_step.append(int(metrics["step"]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 NO_SIGNAL_STREAK = 5  # steps in a row without signal before the run is said not to learn
@@ -62,8 +63,10 @@ class StepProgress:
     """Lines to print for each step's metrics (`lines`), keeping what the ETA and the no-signal streak
     need. `clock`: seconds, monotonic (time.monotonic; a test passes its own)."""
 
-    def __init__(self, max_steps: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_steps: int, clock: Callable[[], float] = time.monotonic,
+                 run_dir: str | Path = "RUN_DIR"):
         self.max_steps = max_steps
+        self.run_dir = run_dir  # named in the not-learning line's command
         self.clock = clock
         self._last_at: float | None = None
         self._seconds: deque[float] = deque(maxlen=ETA_WINDOW)
@@ -102,8 +105,8 @@ class StepProgress:
                 f"rlfleet: not learning: no signal for {NO_SIGNAL_STREAK} steps in a row (steps "
                 f"{self._streak[0]}-{self._streak[-1]}){same}: every group's samples got the same reward, so "
                 "the advantages and pg_loss are 0 and the policy does not change. The task is too hard (all "
-                "0) or too easy (all full score) for the model, or the reward never varies: look at "
-                "`rlfleet samples RUN_DIR --last 8`, or raise rollout.n or rollout.temperature"
+                "0) or too easy (all full score) for the model, or the reward never varies (raise rollout.n "
+                f"or rollout.temperature?). What it writes: rlfleet samples {self.run_dir} --last 8"
             )
         return out
 

@@ -64,7 +64,7 @@ def test_multi_turn_part_by_hand():
 
 
 def test_no_signal_is_flagged_with_the_count_and_a_streak_says_the_run_is_not_learning():
-    progress = StepProgress(max_steps=40, clock=lambda: 0.0)
+    progress = StepProgress(max_steps=40, clock=lambda: 0.0, run_dir="outputs/x")
     flat = {"groups/no_signal": 4.0, "reward/mean": 0.0, "reward/std": 0.0}
     out = [progress.lines(metrics(1))]  # 1 of 4 groups flat: signal, no flag
     out += [progress.lines(metrics(s, **flat)) for s in range(2, 2 + NO_SIGNAL_STREAK + 1)]  # steps 2-7
@@ -74,6 +74,7 @@ def test_no_signal_is_flagged_with_the_count_and_a_streak_says_the_run_is_not_le
     assert [len(lines) for lines in out] == [1, 1, 1, 1, 1, 2, 1]
     assert out[5][1].startswith(f"rlfleet: not learning: no signal for {NO_SIGNAL_STREAK} steps in a row "
                                 "(steps 2-6) (every sample 0.000): every group's samples got the same reward")
+    assert out[5][1].endswith("What it writes: rlfleet samples outputs/x --last 8")
     # a step with signal ends the streak; a new streak is reported again
     assert len(progress.lines(metrics(8))) == 1
     again = [progress.lines(metrics(s, **flat)) for s in range(9, 9 + NO_SIGNAL_STREAK)]
