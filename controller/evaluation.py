@@ -5,7 +5,9 @@ and scoring to the same reward path as training, through `rlfleet.eval`, so the
 numbers are those `rlfleet eval` would give for the checkpoint of that step.
 Metrics: `val/<data_source>/accuracy`, `.../reward/mean`, `.../response_length/mean`,
 `.../pass@k` (eval_n > 1), the same over all sources as `val/...`, and
-`timing/eval_s`. Samples are appended to `samples/val.jsonl`.
+`timing/eval_s`, with the majority-answer baseline, answer diversity, clipped share and NLL of
+rlfleet/eval/scoring.py. Each evaluation prints `rlfleet eval`'s table (rlfleet/eval/report.py).
+Samples are appended to `samples/val.jsonl`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rlfleet.config import JobConfig
 from rlfleet.data.prompts import Prompt, load_prompts
 from rlfleet.env.tool_prompt import ToolPrompt
 from rlfleet.data.tasks import write_parquet
+from rlfleet.eval.report import format_table, sample_texts
 from rlfleet.eval.runner import GenerateFn, ScoreFn, run_eval
 from rlfleet.eval.scoring import flat_metrics, summarize
 from rlfleet.types import SamplingParams
@@ -61,6 +64,7 @@ class PeriodicEval:
         self.per_request = cc.prompts_per_request
         self.samples_path = samples_path
         self.episodes = cfg.env.enabled  # validate as trained: multi-turn episodes with the environment
+        self.texts: dict[str, str] = {}  # a few samples of the last evaluation, for TensorBoard's text tab
 
     @classmethod
     def from_config(cls, cfg: JobConfig, tokenizer: Any, max_prompt_length: int,
@@ -86,6 +90,7 @@ class PeriodicEval:
         samples = run_eval(self.prompts, generate, score, self.params, self.per_request,
                            episodes=self.episodes)
         summary = summarize(samples, self.params.n)
+        self.texts = {f"val/{src}/samples": text for src, text in sample_texts(samples).items()}
         metrics = flat_metrics(summary)
         metrics["timing/eval_s"] = time.perf_counter() - start
         if self.samples_path is not None:
@@ -95,6 +100,9 @@ class PeriodicEval:
                     json.dumps({"step": step, "evaluated_version": version, **dataclasses.asdict(s)}) + "\n"
                     for s in samples
                 )
+        # the table `rlfleet eval` prints, on the console under the step lines
+        print(f"rlfleet: validation of policy version {version} at step {step} ({len(self.prompts)} prompts, "
+              f"{metrics['timing/eval_s']:.1f}s):\n{format_table(summary)}", flush=True)
         log.info(
             "validation",
             step=step,

@@ -260,6 +260,7 @@ class GRPOLoop(GenerationSide):
         if self.evaluator is not None and self.evaluator.before_train and not self._start_step:
             self.writer.log_metrics({"step": 0, "policy_version": 0, **self.evaluator.run(
                 0, 0, self._generate_for_eval, self.recovery.score)})
+            self.writer.log_texts(0, self.evaluator.texts)
         for member in self.fleet.members():
             if member.takes_work():  # a joiner starts once a re-formed group made it live (fleet.on_live)
                 self._start_generation(member)
@@ -312,6 +313,8 @@ class GRPOLoop(GenerationSide):
                                                             self._generate_for_eval,
                                                             self.recovery.score))
                 self.writer.log_metrics(metrics)
+                if self.evaluator is not None and "timing/eval_s" in metrics:
+                    self.writer.log_texts(step, self.evaluator.texts)  # a few of its samples
                 self.writer.log_samples(self._sample_records(step, version, groups))
                 self._failed_kept = 0
                 self.last_metrics, self.step = metrics, step

@@ -35,6 +35,13 @@ class RunWriter:
         for sink in self._sinks:
             sink.log(metrics)
 
+    def log_texts(self, step: int, texts: dict[str, str]) -> None:
+        """Texts by tag (Markdown) to TensorBoard's text tab: a few samples of each evaluation."""
+        if self._tb is not None and texts:
+            for tag, text in texts.items():
+                self._tb.add_text(tag, text, step)
+            self._tb.flush()
+
     def log_samples(self, records: list[dict[str, Any]]) -> None:
         for record in records:
             self._samples.write(json.dumps(record) + "\n")

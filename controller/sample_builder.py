@@ -7,7 +7,8 @@
   before advantages.
 * Dynamic sampling (DAPO): a group whose (shaped) rewards are all equal has zero advantage
   everywhere and only dilutes the batch; the loop drops it and generates more.
-* Advantages: the registered group estimator, over the shaped rewards.
+* Advantages: the registered group estimator, over the shaped rewards. `groups/no_signal` counts
+  the groups whose shaped rewards were all equal (zero advantages: nothing learned from them).
 """
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ class SampleBuilder:
         self.algo = algo
         self.max_new_tokens = max_new_tokens
         self.buffer_tokens = algo.overlong_buffer_ratio * max_new_tokens
-        self.estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage).group_advantages
+        estimator = ADVANTAGE_ESTIMATORS.get(algo.advantage)
+        self.estimator = estimator.group_advantages
+        # A group of equal rewards has no signal only where the advantage is the group's alone (not
+        # for a learner-side stage: a critic, or a batch-wide normalisation)
+        self.group_only = estimator.group is not None and estimator.token is None
 
     def shaped_rewards(self, group: ScoredGroup) -> list[float]:
         """One reward per scored completion: the score plus the overlong penalty."""
@@ -63,11 +68,16 @@ class SampleBuilder:
     def build(self, groups: list[ScoredGroup]) -> tuple[list[TrainSample], dict[str, float]]:
         samples: list[TrainSample] = []
         penalties: list[float] = []
+        flat = 0  # groups whose (shaped) rewards are all equal: zero advantages, nothing to learn
         for g in groups:
             rewards = self.shaped_rewards(g)
             penalties += [r - score for r, (_, score) in zip(rewards, g.scored())]
             samples += g.train_samples(self.estimator, rewards)
-        metrics = {"reward/shaped_mean": statistics.fmean(s.reward for s in samples) if samples else 0.0}
+            flat += all(r == rewards[0] for r in rewards)
+        metrics = {"reward/shaped_mean": statistics.fmean(s.reward for s in samples) if samples else 0.0,
+                   "groups/trained": float(len(groups))}
+        if self.group_only:
+            metrics["groups/no_signal"] = float(flat)
         if self.buffer_tokens > 0:
             metrics["reward/overlong_penalty_mean"] = statistics.fmean(penalties) if penalties else 0.0
         return samples, metrics

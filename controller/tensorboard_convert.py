@@ -1,6 +1,6 @@
-"""The run's scalars converted to TensorBoard's event protos and appended to its event files: the
-one place the controller touches protobuf classes for its outputs (controller/outputs.py stays
-free of them, as every core module does)."""
+"""The run's scalars (and a few texts) converted to TensorBoard's event protos and appended to its
+event files: the one place the controller touches protobuf classes for its outputs
+(controller/outputs.py stays free of them, as every core module does)."""
 from __future__ import annotations
 
 import time
@@ -23,6 +23,12 @@ class ScalarEvents:
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
         self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        """Markdown in TensorBoard's text tab."""
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=text_pb(tag, text)))
 
     def flush(self) -> None:
         self._writer.flush()

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, sft_command
+from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, samples_cli, sft_command
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.data import command as data_command
 from rlfleet.errors import FleetRefused, RlfleetError
@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft_command.add_parser(sub)
     model_command.add_parser(sub)
     plot.add_parser(sub)
+    samples_cli.add_parser(sub)
     health_cli.add_parser(sub)
     config_show.add_parser(sub)
     fleet_cli.add_parser(sub)
@@ -115,7 +116,7 @@ def dispatch(args: argparse.Namespace) -> int:
             raise RlfleetError("rlfleet controller needs "
                                + " ".join(f"{r}.address=HOST:PORT" for r in missing))
         from controller.main import run_controller
-        from rlfleet.app.launch import format_progress
+        from rlfleet.app.progress import StepProgress
         from rlfleet.logging import setup_logging
         setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log",
                       run=cfg.run.name)
@@ -127,8 +128,11 @@ def dispatch(args: argparse.Namespace) -> int:
         from rlfleet.app.launch import replica_names
         addresses.update(zip(replica_names(len(cfg.rollout.addresses) + 1)[1:], cfg.rollout.addresses))
         with StopOnSignal(threading.Event()) as signals:  # the loop stops at its next check
+            progress = StepProgress(cfg.controller.max_steps, run_dir=cfg.run.dir)
             run_controller(cfg, addresses, stop=signals.stop,
-                           on_step=lambda m: print(format_progress(m, cfg.controller.max_steps), flush=True))
+                           on_step=lambda m: print("\n".join(progress.lines(m)), flush=True))
+        if progress.summary():
+            print(progress.summary(), flush=True)
     elif args.command == "status":
         from rlfleet.app.status import print_status
         return print_status(args.run_dir, as_json=args.json, prometheus_sd=args.prometheus_sd,
@@ -147,6 +151,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return model_command.run(args)
     elif args.command == "plot":
         return plot.run(args)
+    elif args.command == "samples":
+        return samples_cli.run(args)
     elif args.command == "reward":
         from rlfleet.app.reward_cli import run_reward_command
         return run_reward_command(args)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.app.progress import StepProgress
 from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
 from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
@@ -241,18 +242,6 @@ class Launcher:
                 child.proc.wait()
 
 
-def format_progress(m: dict[str, Any], max_steps: int) -> str:
-    return (f"step {m['step']:>4}/{max_steps} | v{m['policy_version']:<4} | reward {m['reward/mean']:.3f} "
-            f"| pg_loss {m['actor/pg_loss']:+.4f} | kl {m['actor/kl_loss']:.4f} | entropy "
-            f"{m['actor/entropy']:.3f} "
-            f"| staleness {m['staleness/mean']:.2f}/{m['staleness/max']:.0f} | "
-            f"{m['perf/tokens_per_s']:.0f} tok/s "
-            f"| sync {m['timing/weight_sync_s'] * 1000:.0f} ms"
-            + (f" | no reward: {m['reward/excluded_total']:.0f} samples so far"
-               if m.get("reward/excluded_total")
-               else ""))
-
-
 def local_learner_checkpoints(run_dir: Path, spec: str,
                               checks: DigestChecks | None = None) -> dict[int, str]:
     """What the learner would report (ListCheckpoints) for `controller.resume=spec`, read from the
@@ -334,9 +323,11 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         if not finished.wait(STOP_GRACE_S):
             launcher.shutdown()
 
+    progress = StepProgress(cfg.controller.max_steps, run_dir=cfg.run.dir)
+
     def step_done(metrics: dict[str, Any]) -> None:
         last_step.append(int(metrics["step"]))
-        print(format_progress(metrics, cfg.controller.max_steps), flush=True)
+        print("\n".join(progress.lines(metrics)), flush=True)
 
     with StopOnSignal(launcher.stop, on_first=stop_services_once_checkpointed) as signals:
         try:
@@ -358,5 +349,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             finished.set()
     if launcher.failure:
         raise RlfleetError(launcher.failure)
+    if progress.summary():
+        print(progress.summary(), flush=True)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)
     return summary

@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator
 
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import RlfleetError
+from rlfleet.eval.answers import answer_of
 from rlfleet.eval.scoring import EvalSample
-from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams, ScoreItem, ScoreResult
+from rlfleet.types import (Completion, DataRow, GroupResult, PromptRequest, SamplingParams, ScoreItem,
+                           ScoreResult)
 
 GenerateFn = Callable[[list[PromptRequest], SamplingParams], Iterator[GroupResult]]
 ScoreFn = Callable[[list[ScoreItem]], list[ScoreResult]]
@@ -63,9 +65,20 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
             turns=len(c.turns),
             tool_calls=sum(t.tool_calls for t in c.turns),
             tool_errors=sum(t.tool_errors for t in c.turns),
+            answer=answer_of(c.final_text),
+            nll=_nll(c),
         )
         for i, (c, r) in enumerate(zip(group.completions, results))
     ]
+
+
+def _nll(c: Completion) -> float | None:
+    """Mean negative log-prob of the model's own tokens (an episode's observations left out); under
+    sampling at temperature T an estimate of the entropy of that distribution, greedy the model's
+    uncertainty about its argmax tokens. None when the engine returned no log-probs."""
+    mask = c.loss_mask if c.loss_mask is not None else [1] * len(c.logprobs)
+    own = [lp for lp, m in zip(c.logprobs, mask) if m]
+    return -sum(own) / len(own) if own and len(c.logprobs) == len(c.token_ids) else None
 
 
 def _row(p: Prompt) -> DataRow:

@@ -197,6 +197,24 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
         assert ARCH_METRICS <= m.keys(), ARCH_METRICS - m.keys()
     val_steps = [m["step"] for m in lines if "val/digits_reverse/accuracy" in m]
     assert val_steps == [0, 3, 6]
+    # the console: a line per step with its time and an ETA, flagged where no group had signal
+    printed = stdout.read_text().splitlines()
+    step_lines = [line for line in printed if line.startswith("step ")]
+    assert len(step_lines) == 6 and all(" s/step" in line for line in step_lines), printed
+    assert all("| ETA " in line for line in step_lines[:-1]) and "ETA" not in step_lines[-1]
+    for line, m in zip(step_lines, train_lines):
+        assert ("| no signal: " in line) == (m["groups/no_signal"] == m["groups/trained"]), (line, m)
+    flat = sum("| no signal: " in line for line in step_lines)  # the tiny model rarely answers GSM8K
+    assert (f"rlfleet: {flat} of 6 steps had no signal" in "\n".join(printed)) == (flat > 0)
+    if all("| no signal: " in line for line in step_lines[:5]):
+        assert any(line.startswith("rlfleet: not learning: no signal for 5 steps in a row (steps 1-5)")
+                   for line in printed)
+    # each validation (steps 0, 3, 6) prints rlfleet eval's table: a row per source and one for all
+    starts = [i for i, line in enumerate(printed) if line.startswith("rlfleet: validation of policy version")]
+    assert [printed[i].split(" at step ")[1].split()[0] for i in starts] == ["0", "3", "6"], printed
+    for i in starts:
+        assert printed[i + 1].split()[:5] == ["data_source", "prompts", "samples", "accuracy", "baseline"]
+        assert [printed[i + k].split()[0] for k in (2, 3, 4)] == ["digits_reverse", "openai/gsm8k", "all"]
     for m in lines:
         if m["step"] in val_steps:
             assert (
@@ -228,6 +246,20 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     tb = EventAccumulator(str(out / "tensorboard"))
     tb.Reload()
     assert ARCH_METRICS | {"val/digits_reverse/accuracy", "policy_version"} <= set(tb.Tags()["scalars"])
+    # ... and a few validation samples per evaluation (steps 0, 3, 6) in its text tab
+    assert {"val/digits_reverse/samples", "val/openai/gsm8k/samples"} <= set(tb.Tags()["tensors"])
+    assert [e.step for e in tb.Tensors("val/digits_reverse/samples")] == [0, 3, 6]
+    # `rlfleet samples`: the last step's samples, readable, and the validation ones as JSON
+    shown = rlfleet("samples", str(out), "--last", "2", timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    headers = [line for line in shown.stdout.splitlines() if line.startswith("── ")]
+    assert len(headers) == 2
+    assert all(h.startswith("── step 6 · prompt ") and "staleness" in h for h in headers), headers
+    val_json = rlfleet("samples", str(out), "--val", "--step", "6", "--last", "0", "--json", timeout=60)
+    assert val_json.returncode == 0, val_json.stderr
+    val_records = [json.loads(x) for x in val_json.stdout.splitlines()]
+    # 16 digits-reverse prompts and the 6 short GSM8K ones (the 2 long ones filtered)
+    assert len(val_records) == 16 + 6 and {r["step"] for r in val_records} == {6}
     # W&B (offline) received the metrics
     (wandb_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
     blob = wandb_file.read_bytes()
@@ -239,7 +271,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     from PIL import Image
 
     with Image.open(out / "curves.png") as img:
-        assert img.format == "PNG" and img.size == (1200, 640)
+        assert img.format == "PNG" and img.size == (1200, 880)
         colors = img.convert("RGB").getcolors(maxcolors=1 << 16)
         assert colors is None or len(colors) > 20  # curves, not a blank canvas
 

@@ -97,10 +97,14 @@ def test_report_files_and_table(tmp_path):
         "prompts",
         "samples",
         "accuracy",
+        "baseline",
         "pass@1",
         "reward",
         "length",
+        "clipped",
         "failed",
+        "distinct",
+        "top",
     ]
     assert table[1].split()[:4] == ["digits_reverse", "1", "1", "1.0000"]
     assert table[2].split()[:4] == ["openai/gsm8k", "1", "1", "0.0000"]
@@ -156,7 +160,7 @@ def test_episodes_report_turns_and_tool_calls_by_hand():
     assert summary["overall"]["turns_mean"] == pytest.approx(1.5)  # (1 + 2 + 3 + 0) / 4
     metrics = flat_metrics(summary)
     assert metrics["val/a/turns/mean"] == pytest.approx(2.0) and "val/b/turns/mean" not in metrics
-    header, row_a, row_b, _ = format_table(summary).splitlines()
+    header, row_a, row_b, _ = format_table(summary).splitlines()[:4]  # then collapse notes (all "r")
     assert header.split()[-2:] == ["turns", "tools"]
     assert row_a.split()[-2:] == ["2.00", "1.00"] and row_b.split()[-2:] == ["-", "-"]
     # single-turn samples alone: no such columns, no such metrics
