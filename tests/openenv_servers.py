@@ -161,7 +161,8 @@ class CalculatorEnv(MCPEnvironment):
 
 
 APPS = {
-    "digits": lambda sessions: create_fastapi_app(DigitsGameEnv, Attempt, Feedback, max_concurrent_envs=sessions),
+    "digits": lambda sessions: create_fastapi_app(DigitsGameEnv, Attempt, Feedback,
+                                                  max_concurrent_envs=sessions),
     "guess": lambda sessions: create_fastapi_app(GuessEnv, GuessNumber, Hint, max_concurrent_envs=sessions),
     "calculator": lambda sessions: create_fastapi_app(CalculatorEnv, CallToolAction, CallToolObservation,
                                                       max_concurrent_envs=sessions),
@@ -171,7 +172,8 @@ APPS = {
 def _server(name: str, sock: socket.socket, sessions: int | None = None):
     import uvicorn
 
-    config = uvicorn.Config(APPS[name](sessions if sessions is not None else MAX_SESSIONS), log_level="warning", lifespan="on")
+    app = APPS[name](sessions if sessions is not None else MAX_SESSIONS)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     return uvicorn.Server(config)
 
 

@@ -26,8 +26,9 @@ RUN = ["controller.max_steps=3", "controller.prompts_per_step=2", "rollout.n=4",
 
 def test_an_openenv_server_at_capacity_stops_the_run_naming_its_sessions(run_dir, tmp_path):
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "tests.openenv_servers", "digits", "--max-sessions", "1"],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "tests.openenv_servers", "digits",
+                               "--max-sessions", "1"], cwd=REPO, stdout=subprocess.PIPE, stderr=log,
+                              text=True)
     try:
         line = server.stdout.readline()
         assert line.startswith("serving on "), (tmp_path / "server.log").read_text()[-2000:]
@@ -42,7 +43,7 @@ def test_an_openenv_server_at_capacity_stops_the_run_naming_its_sessions(run_dir
         log.close()
     assert run.returncode == 2, run.stderr[-3000:]
     line = error_line(run.stderr)
-    assert f"no step trained for " in line and f"controller.max_stall_s={STALL_S}" in line, line
+    assert "no step trained for " in line and f"controller.max_stall_s={STALL_S}" in line, line
     assert "unusable" in line and "episode_error" in line, line
     assert "1/1 sessions" in line and "rollout.n=4" in line, line  # the server's capacity, a group's need
     assert "Traceback" not in run.stderr
@@ -56,8 +57,8 @@ def test_an_openenv_server_at_capacity_stops_the_run_naming_its_sessions(run_dir
 
 
 def test_a_hung_environment_stops_the_run_within_max_stall_s(run_dir):
-    proc, address = start_server([sys.executable, "-m", "tests.env_servers", "--fault", "hang", "--port", "0"],
-                                 REPO, "serving on ")
+    proc, address = start_server([sys.executable, "-m", "tests.env_servers", "--fault", "hang",
+                                  "--port", "0"], REPO, "serving on ")
     try:
         run = rlfleet("run", f"run.output_dir={run_dir}", "run.name=hung", *RUN, f"env.address={address}",
                       "env.timeout_s=2", "env.tools_in_prompt=false", timeout=300)

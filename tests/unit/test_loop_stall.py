@@ -28,7 +28,8 @@ def test_a_reward_outage_stop_after_a_step_writes_that_steps_checkpoint(tmp_path
     assert isinstance(error, RewardOutageExpired), repr(error)
     assert learner.trained_steps == [1] and saved == [1]
     assert load_state(state_path(tmp_path, 1)).step == 1  # controller.resume=latest can continue
-    assert "checkpointed_on_stop" in [e["event"] for e in read_journal(tmp_path / "journal" / "prompts.jsonl")]
+    events = [e["event"] for e in read_journal(tmp_path / "journal" / "prompts.jsonl")]
+    assert "checkpointed_on_stop" in events
 
 
 def test_groups_that_never_have_two_rewards_stall_the_run_which_stops_with_the_line(tmp_path):
