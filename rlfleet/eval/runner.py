@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from rlfleet.data.prompts import Prompt
+from rlfleet.env.toolcalls import malformed_tool_calls
 from rlfleet.errors import RlfleetError
 from rlfleet.eval.scoring import EvalSample
 from rlfleet.types import DataRow, GroupResult, PromptRequest, SamplingParams, ScoreItem, ScoreResult
@@ -63,6 +64,7 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
             turns=len(c.turns),
             tool_calls=sum(t.tool_calls for t in c.turns),
             tool_errors=sum(t.tool_errors for t in c.turns),
+            tool_format_errors=sum(malformed_tool_calls(t.text) for t in c.turns),
         )
         for i, (c, r) in enumerate(zip(group.completions, results))
     ]

@@ -34,6 +34,7 @@ class EvalSample:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    tool_format_errors: int = 0  # tool-call openings never closed (rlfleet/env/toolcalls.py)
 
     def correct(self, correct_at: float = CORRECT_AT) -> bool:
         return self.reward is not None and self.reward >= correct_at
@@ -79,6 +80,7 @@ def _summarize_group(samples: list[EvalSample], ks: list[int], correct_at: float
         summary["turns_mean"] = sum(s.turns for s in samples) / len(samples)
         summary["tool_calls_mean"] = sum(s.tool_calls for s in samples) / len(samples)
         summary["tool_errors"] = sum(s.tool_errors for s in samples)
+        summary["tool_format_errors"] = sum(s.tool_format_errors for s in samples)
     return summary
 
 
@@ -113,6 +115,7 @@ def flat_metrics(summary: dict[str, Any], prefix: str = "val") -> dict[str, floa
             ("reward_failed", float(s["reward_failed"])),
             ("turns/mean", s.get("turns_mean")),
             ("tool_calls/mean", s.get("tool_calls_mean")),
+            ("tool_format_errors", s.get("tool_format_errors")),
         ):
             if value is not None:
                 out[f"{name}/{key}"] = float(value)
