@@ -60,11 +60,14 @@ def test_a_hung_environment_stops_the_run_within_max_stall_s(run_dir):
     proc, address = start_server([sys.executable, "-m", "tests.env_servers", "--fault", "hang",
                                   "--port", "0"], REPO, "serving on ")
     try:
+        started = time.monotonic()
         run = rlfleet("run", f"run.output_dir={run_dir}", "run.name=hung", *RUN, f"env.address={address}",
                       "env.timeout_s=2", "env.tools_in_prompt=false", timeout=300)
+        took = time.monotonic() - started
     finally:
         stop_server(proc)
     assert run.returncode == 2, run.stderr[-3000:]
     line = error_line(run.stderr)
     assert "no step trained for " in line and "environment episodes failed: timeout" in line, line
     assert "Traceback" not in run.stderr
+    print(f"stopped {took:.0f}s after the start: {line}")
