@@ -169,7 +169,9 @@ class GRPOLoop(GenerationSide):
                 expired = self.env_outage.expired() if self.env_outage is not None else None
                 if expired is not None:
                     raise expired
-                if not self._in_outage():  # an outage is bounded by its own max_outage_s
+                if self._bounded_elsewhere():
+                    self.stall.hold()
+                else:
                     stalled = self.stall.expired(self._stall_facts)
                     if stalled is not None:
                         raise stalled
@@ -230,10 +232,13 @@ class GRPOLoop(GenerationSide):
         if records:
             self.writer.log_samples(records)
 
-    def _in_outage(self) -> bool:
-        """Whether a reward or environment outage is being waited out (each has its own bound)."""
-        return self.recovery.reward_outage.blocked() or (
-            self.env_outage is not None and self.env_outage.status()[0] != "running")
+    def _bounded_elsewhere(self) -> bool:
+        """Whether the loop waits out something with a bound of its own, which the stall limit leaves
+        to it: a reward or environment outage (its max_outage_s), a replica down or an empty fleet
+        (controller.service_wait_s)."""
+        return (self.recovery.reward_outage.blocked()
+                or (self.env_outage is not None and self.env_outage.status()[0] != "running")
+                or bool(self.recovery.waiting) or not self.fleet.members())
 
     def _stall_facts(self) -> StallFacts:
         """What the loop saw since its last step, for the stall line (called with the lock held)."""

@@ -12,7 +12,9 @@ its groups, training, the weight push). The median, not the slowest: one step sl
 that was waited out does not raise the limit for the rest of the run. The clock runs from the end of
 the last step (or the start of training).
 An outage (reward or environment) is waited out by its own bound (reward.max_outage_s,
-env.max_outage_s), not by this one: the loop does not ask while one lasts.
+env.max_outage_s), and a replica down or an empty fleet by controller.service_wait_s, not by this
+one: while one of them lasts the loop calls `hold()`, and the clock stops until it asks `expired()`
+again (a replica that fails again and again still stalls the run: the time between is counted).
 
 The line (`StallFacts.describe`) names what the loop saw since the last step: groups dropped and
 why, environment failures by cause and the last error, rewards that failed, the replicas live, the
@@ -94,15 +96,21 @@ class StallWatchdog:
         self.since = clock()
         self._step_s: deque[float] = deque(maxlen=RECENT_STEPS)
         self.waited: Counter[str] = Counter()
+        self._held_at: float | None = None
 
     def restart(self) -> None:
         """Training starts now (after the initial weight sync and evaluation)."""
-        self.since = self.clock()
+        self.since, self._held_at = self.clock(), None
+
+    def hold(self) -> None:
+        """The loop waits out something bounded elsewhere: the clock stops until the next `expired()`."""
+        if self._held_at is None:
+            self._held_at = self.clock()
 
     def trained(self, step_s: float) -> None:
         """A step trained, taking `step_s` seconds: the clock starts again."""
         self._step_s.append(step_s)
-        self.since = self.clock()
+        self.since, self._held_at = self.clock(), None
         self.waited.clear()
 
     def waited_on(self, what: str, seconds: float) -> None:
@@ -119,6 +127,9 @@ class StallWatchdog:
 
     def expired(self, facts: Callable[[], StallFacts]) -> RunStalled | None:
         """The error that stops the run once no step trained for `limit_s()`; `facts` is called then."""
+        if self._held_at is not None:  # the time held does not count
+            self.since += self.clock() - self._held_at
+            self._held_at = None
         stalled = self.clock() - self.since
         limit = self.limit_s()
         if stalled <= limit:

@@ -247,7 +247,8 @@ class ControllerConfig(Section):
                                "time on weight pushes) and a checkpoint of the last step, when no step "
                                "trained for this long; once steps run the limit is at least 10x the median "
                                "step time. An outage is bounded by its own reward.max_outage_s / "
-                               "env.max_outage_s instead")
+                               "env.max_outage_s instead, a replica down or an empty fleet by "
+                               "service_wait_s")
 
 
 class JobConfig(Section):

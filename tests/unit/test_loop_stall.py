@@ -64,3 +64,33 @@ def test_groups_that_never_have_two_rewards_stall_the_run_which_stops_with_the_l
     # the dropped samples are counted; the failed ones written at a bounded rate
     samples = [json.loads(x) for x in (tmp_path / "samples" / "train.jsonl").read_text().splitlines()]
     assert all(s.get("dropped") is None for s in samples if s["step"] == 1)
+
+
+def test_a_replica_down_is_waited_for_by_service_wait_s_not_cut_short_by_the_stall_limit(tmp_path):
+    """The stall limit leaves a replica being waited for to controller.service_wait_s (20 s here): down
+    for 2 s against a 0.5 s stall limit, it comes back and the run finishes."""
+    import time
+
+    from rlfleet.errors import ServiceUnavailable
+
+    faults = Faults()
+    loop, learner = make_loop(tmp_path, faults, staleness=0, steps=3)
+    loop.stall.max_stall_s = 0.5
+    rollout = loop.rollouts[0]
+    down = {"until": None}
+    generate, status = rollout.generate, rollout.status
+
+    def failing_generate(requests, params):
+        if learner.trained_steps == [1] and down["until"] is None:
+            down["until"] = time.monotonic() + 2.0
+            raise ServiceUnavailable(f"rollout service at {rollout.address}: Generate: UNAVAILABLE")
+        yield from generate(requests, params)
+
+    def down_status(timeout_s: float = 10.0):
+        if down["until"] is not None and time.monotonic() < down["until"]:
+            raise ServiceUnavailable(f"rollout service at {rollout.address}: connection refused")
+        return status(timeout_s)
+
+    rollout.generate, rollout.status = failing_generate, down_status
+    assert run_loop(loop, limit_s=60) is None
+    assert learner.trained_steps == [1, 2, 3] and down["until"] is not None

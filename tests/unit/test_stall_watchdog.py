@@ -85,3 +85,18 @@ def test_samples_not_trained_on_are_written_at_a_bounded_rate():
     assert quota.take(25) == 10
     # 4+4+4+4+1+25 = 42 offered, 4+4+2+0+0+10 = 20 written
     assert (quota.offered, quota.written) == (42, 20)
+
+
+def test_time_held_for_a_wait_bounded_elsewhere_does_not_count():
+    now = [0.0]
+    dog = StallWatchdog(10.0, clock=lambda: now[0])
+    now[0] = 6.0
+    dog.hold()  # from 6 s: a replica is waited for (controller.service_wait_s bounds it)
+    now[0] = 100.0
+    dog.hold()  # still held: the first hold counts
+    now[0] = 103.0  # held 6 -> 103 = 97 s; counted 6 + (103 - 103) = 6 s
+    assert dog.expired(StallFacts) is None
+    now[0] = 107.0  # 6 + 4 = 10 s counted: not beyond
+    assert dog.expired(StallFacts) is None
+    now[0] = 107.5  # 10.5 s
+    assert str(dog.expired(StallFacts)).startswith("no step trained for 10s (limit 10s")
