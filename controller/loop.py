@@ -243,12 +243,12 @@ class GRPOLoop(GenerationSide):
     def _stall_facts(self) -> StallFacts:
         """What the loop saw since its last step, for the stall line (called with the lock held)."""
         failed_episodes = Counter(self._env_failed)
+        last_error = self.env_failures.last_error if self.env_failures is not None else ""
         note = ""
-        if self.cfg.env.kind == "openenv" and failed_episodes:
+        if self.cfg.env.kind == "openenv" and "CAPACITY_REACHED" in last_error:  # it names N/N sessions
             note = (f"each episode holds a session of the OpenEnv server: a group needs rollout.n="
                     f"{self.cfg.rollout.n} sessions at once")
         paused = ("a replica's weight resync" if self.recovery.resync_pending() else "")
-        last_error = self.env_failures.last_error if self.env_failures is not None else ""
         return StallFacts(dropped=Counter(self._dropped_since_step), dropped_samples=self._dropped_samples,
                           env_failed=failed_episodes, env_last_error=last_error,
                           env_note=note, reward_failed_items=self._failed["items"],
