@@ -262,7 +262,8 @@ class GRPOLoop(GenerationSide):
         self.checkpointed_step = step
 
     def _checkpoint_on_stop(self, version: int) -> None:
-        """A stopped run (Ctrl-C, SIGTERM, a service gone for good) keeps its progress: the last
+        """A stopped run (Ctrl-C, SIGTERM, a stall, an outage, any RlfleetError that ends the loop) keeps its
+        progress: the last
         finished step is checkpointed unless it already is, so controller.resume=latest continues
         from it whatever learner.checkpoint_every is. Once, with no retries: the learner may be
         the reason the run stops. Skipped when the learner does not hold this step's version (the
