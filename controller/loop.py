@@ -265,8 +265,9 @@ class GRPOLoop(GenerationSide):
         """A stopped run (Ctrl-C, SIGTERM, a stall, an outage: any RlfleetError that ends the loop)
         keeps its progress: the last finished step is checkpointed unless it already is, so
         controller.resume=latest continues from it whatever learner.checkpoint_every is. Once, with
-        no retries: the learner may be the reason the run stops. Skipped when the learner does not hold this step's version (the
-        stop came between a step's Train and its bookkeeping, or the learner restarted)."""
+        no retries: the learner may be the reason the run stops. Skipped when the learner does not
+        hold this step's version (the stop came between a step's Train and its bookkeeping, or the
+        learner restarted)."""
         step = self.step
         if step <= self.checkpointed_step:
             return
