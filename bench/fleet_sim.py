@@ -12,7 +12,10 @@ services' own work. The controller's CPU per group does not depend on K; its hea
 
     python bench/fleet_sim.py --replicas 32 --staleness 1 --seconds 60 --out /tmp/fleet
     python bench/fleet_sim.py --replicas 256 --staleness 1 --churn --seconds 90 --out /tmp/fleet
-Prints one JSON line of figures and writes it to OUT/<case>/result.json.
+Prints one JSON line of figures and writes it to OUT/<case>/result.json; exits 1 when the run's
+invariant broke (controller/journal.py Audit.invariant_errors: prompts lost, trained twice, stranded by
+a replica that left without re-queueing them, or in flight at the stop for longer than twice the
+longest generation seen).
 """
 from __future__ import annotations
 
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         sim.cleanup()
     print(json.dumps(result), flush=True)
+    if result["invariant_errors"]:  # the run's invariant: nothing lost, stranded, held or trained twice
+        raise SystemExit("fleet_sim: invariant broken: " + "; ".join(result["invariant_errors"]))
     return result
 
 

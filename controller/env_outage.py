@@ -2,7 +2,7 @@
 like the reward outage (controller/reward_outage.py).
 
     RUNNING --an episode failed 'unavailable'------------> OUTAGE(since, cause); a probe thread starts
-    OUTAGE  --the environment's health says SERVING-------> TRIAL: admission resumes, the clock runs on
+    OUTAGE  --the environment's health says SERVING-------> TRIAL: one request is admitted, the clock runs on
     TRIAL   --an episode failed 'unavailable' again-------> OUTAGE (the same outage, the same `since`)
     OUTAGE/TRIAL --an episode got an answer (`reached`)---> RUNNING
     OUTAGE/TRIAL --env.max_outage_s passed----------------> `expired()` names the cause (the run stops)
@@ -10,7 +10,10 @@ like the reward outage (controller/reward_outage.py).
 Health alone never ends an outage: a server whose health says SERVING while every call fails
 UNAVAILABLE stops the run after env.max_outage_s, as one that is down does. Episodes that failed so
 are left out (their groups are dropped and generated again later, their admission slots given back);
-while paused no new prompts are admitted. One warning when an outage begins and one when it ends.
+while paused no new prompts are admitted, and a trial admits one request (`take_admission`), not the
+gate's worth (issue 42: ~3,500 episodes a minute reached such a server while admission was "paused").
+Each failed trial doubles the wait before the next probe (probe_every_s up to max_probe_every_s). One
+warning when an outage begins and one when it ends.
 """
 from __future__ import annotations
 
@@ -34,16 +37,31 @@ class EnvOutageExpired(RlfleetError, ConnectionError):
 class EnvOutage:
     def __init__(self, max_outage_s: float, probe: Callable[[], bool],
                  clock: Callable[[], float] = time.monotonic,
-                 probe_every_s: float = 1.0, on_change: Callable[[str, dict], None] | None = None):
+                 probe_every_s: float = 1.0, on_change: Callable[[str, dict], None] | None = None,
+                 max_probe_every_s: float = 15.0):
         """`probe()`: True when the environment answers (its health says SERVING)."""
         self.max_outage_s, self.probe, self.clock = max_outage_s, probe, clock
         self.probe_every_s, self.on_change = probe_every_s, on_change
+        self.max_probe_every_s = max(max_probe_every_s, probe_every_s)
+        self.probe_wait_s = probe_every_s  # before the next probe: doubled by each failed trial
         self._lock = threading.Lock()
         self.state, self.since, self.cause, self.outages = RUNNING, 0.0, "", 0
+        self._trial_taken = False  # the trial's one request was admitted
         self._stop = threading.Event()
 
     def blocked(self) -> bool:
-        return self.state == OUTAGE
+        """Whether admission is paused: during an outage, and in a trial once its request is out."""
+        return self.state == OUTAGE or (self.state == TRIAL and self._trial_taken)
+
+    def take_admission(self) -> bool:
+        """Called as a request is admitted: True when it may be (always while running; once a trial)."""
+        with self._lock:
+            if self.state == RUNNING:
+                return True
+            if self.state == TRIAL and not self._trial_taken:
+                self._trial_taken = True
+                return True
+            return False
 
     def failed(self, cause: str) -> None:
         with self._lock:
@@ -52,6 +70,7 @@ class EnvOutage:
                 return
             if self.state == TRIAL:  # health said SERVING, the calls say otherwise: pause again
                 self.state = OUTAGE
+                self.probe_wait_s = min(2 * self.probe_wait_s, self.max_probe_every_s)
                 trial = True
             else:
                 # Journalled first, then admission pauses: each change is in the journal before
@@ -59,6 +78,7 @@ class EnvOutage:
                 self._tell(OUTAGE, cause=cause[:300])
                 self.state, self.since = OUTAGE, self.clock()
                 self.outages += 1
+                self.probe_wait_s = self.probe_every_s
                 trial = False
         if trial:
             log.info(f"environment still unavailable though its health says SERVING: {cause}")
@@ -68,13 +88,14 @@ class EnvOutage:
         threading.Thread(target=self._probe_until_serving, name="env-probe", daemon=True).start()
 
     def _probe_until_serving(self) -> None:
-        while not self._stop.wait(self.probe_every_s):
+        while not self._stop.wait(self.probe_wait_s):
             if self.state != OUTAGE:
                 return
             if self.probe():
                 with self._lock:
                     if self.state == OUTAGE:
-                        self.state = TRIAL  # admission resumes; only an answered episode ends the outage
+                        # one request is admitted; only an answered episode ends the outage
+                        self.state, self._trial_taken = TRIAL, False
                 return
 
     def reached(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from controller.groups import score_items
+from rlfleet.env.toolcalls import malformed_tool_calls
 from rlfleet.data.prompts import Prompt
 from rlfleet.env.types import FAILURE_CAUSES, UNAVAILABLE
 from rlfleet.types import Completion, ScoreItem, ScoreResult
@@ -72,6 +73,8 @@ def env_metrics(completions: list[Completion]) -> dict[str, float]:
         "env/tool_calls": float(sum(t.tool_calls for t in turns)),
         "env/tool_calls_per_episode": sum(t.tool_calls for t in turns) / n,
         "env/tool_errors": float(sum(t.tool_errors for t in turns)),
+        # tool-call openings never closed (`</tool_calll`): the environment saw a final answer
+        "env/tool_format_errors": float(sum(malformed_tool_calls(t.text) for t in turns)),
         "env/latency_s_mean": sum(t.env_latency_s for t in turns) / len(turns) if turns else 0.0,
         "env/generated_tokens": float(generated),
         "env/observed_tokens": float(observed),

@@ -59,10 +59,10 @@ class GenerationSide:
                     raise Leaving(member.address)
                 paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
                           or (self.env_outage is not None and self.env_outage.blocked()))
-                if self._requeue and not paused:
+                if self._requeue and not paused and self._env_admits():
                     return self._requeue.popleft()  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not paused:
+                if self._admitted < limit and not paused and self._env_admits():
                     count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
                     self._admitted += count
                     dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
@@ -73,6 +73,10 @@ class GenerationSide:
                     return dispatch
                 self._cond.wait(0.5)
         raise Stopped("stopping")
+
+    def _env_admits(self) -> bool:
+        """Whether the environment outage lets this request go (one request a trial: env_outage.py)."""
+        return self.env_outage is None or self.env_outage.take_admission()
 
     def _await_first_member(self) -> None:
         wait_s = max(self.cfg.controller.connect_timeout_s, self.cfg.controller.service_wait_s)

@@ -15,8 +15,10 @@ sequence number `seq`, which a re-queued prompt keeps):
 and the rollout fleet's membership (controller/fleet.py), per `replica` address: join_accepted,
 joined, leaving, left (with its `reason`).
 
-`audit()` replays a journal and says which prompts were lost or trained twice; `departed_replicas()`
-which replicas left the run and did not join again.
+`audit()` replays a journal and says which prompts were lost or trained twice, which were in flight
+at the stop (and for how long) and which were stranded (their replica left and they were not
+re-queued), apart from the prompts re-queued by a failure or a leave; `departed_replicas()` which
+replicas left the run and did not join again.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 JOURNAL = "prompts.jsonl"
+STOPPED = "stopped"  # the reason of the requeue a stop writes for every prompt still live
 
 
 class Journal:
@@ -58,6 +61,13 @@ class Audit:
     requeued: set[int] = field(default_factory=set)
     # dispatched, neither trained nor dropped (in flight at the end)
     open: set[int] = field(default_factory=set)
+    # requeue events by reason, the stop's own (`stopped`) left out
+    requeues: Counter = field(default_factory=Counter)
+    # prompts whose group had not come back when the run stopped: seconds since their dispatch
+    in_flight_at_stop: dict[int, float] = field(default_factory=dict)
+    # prompts in flight at the end whose replica left after their dispatch, with no requeue since
+    stranded: list[int] = field(default_factory=list)
+    generation_s_max: float = 0.0  # the longest dispatch -> generated of a group that came back
 
     @property
     def trained_twice(self) -> list[int]:
@@ -67,6 +77,31 @@ class Audit:
     def lost(self) -> list[int]:
         """Dispatched prompts whose last word is neither trained, dropped nor re-queued."""
         return sorted(s for s in self.open if s not in self.requeued)
+
+    def requeued_by_reason(self) -> dict[str, int]:
+        return dict(self.requeues)
+
+    def invariant_errors(self, max_in_flight_s: float) -> list[str]:
+        """What breaks the run's invariant: prompts lost, trained twice, stranded, or in flight at the
+        stop for longer than `max_in_flight_s` (a group that never came back, held until the stop)."""
+        errors = []
+        if self.lost:
+            errors.append(f"{len(self.lost)} prompts lost (seq {_some(self.lost)})")
+        if self.trained_twice:
+            errors.append(f"{len(self.trained_twice)} prompts trained twice "
+                          f"(seq {_some(self.trained_twice)})")
+        if self.stranded:
+            errors.append(f"{len(self.stranded)} prompts stranded: their replica left and they were not "
+                          f"re-queued (seq {_some(self.stranded)})")
+        held = {s: t for s, t in sorted(self.in_flight_at_stop.items()) if t > max_in_flight_s}
+        if held:
+            errors.append(f"{len(held)} prompts in flight at the stop for longer than {max_in_flight_s:g}s ("
+                          + ", ".join(f"seq {s}: {t:g}s" for s, t in list(held.items())[:10]) + ")")
+        return errors
+
+
+def _some(seqs: list[int]) -> str:
+    return ", ".join(map(str, seqs[:10])) + (", …" if len(seqs) > 10 else "")
 
 
 def read_journal(path: Path) -> list[dict[str, Any]]:
@@ -79,8 +114,15 @@ def audit(path: Path) -> Audit:
     back training of later steps (those prompts are open again: the resumed run re-queues them)."""
     result = Audit()
     trained_at: dict[int, list[int]] = {}
+    # the prompt's last dispatch (time, replica) while its group has not come back nor been re-queued
+    out: dict[int, tuple[float, str]] = {}
+    left: dict[str, float] = {}  # replica -> when it last left
     for ev in read_journal(path):
         kind, seq = ev["event"], ev.get("seq")
+        if kind == "left" and "replica" in ev:
+            left[ev["replica"]] = ev.get("t", 0.0)
+        elif kind in ("join_accepted", "joined") and "replica" in ev:
+            left.pop(ev["replica"], None)
         if kind == "resumed":
             for s, steps in trained_at.items():
                 kept = [st for st in steps if st <= ev["step"]]
@@ -94,14 +136,30 @@ def audit(path: Path) -> Audit:
             result.dispatched.add(seq)
             result.open.add(seq)
             result.requeued.discard(seq)
+            out[seq] = (ev.get("t", 0.0), ev.get("replica", ""))
+        elif kind == "generated":
+            if seq in out:
+                result.generation_s_max = max(result.generation_s_max, ev.get("t", 0.0) - out.pop(seq)[0])
         elif kind == "requeued":
             result.requeued.add(seq)
+            if ev.get("reason") != STOPPED:
+                result.requeues[ev.get("reason", "")] += 1
+                out.pop(seq, None)
+            elif seq in out:  # the stop found its group still out
+                sent, replica = out.pop(seq)
+                result.in_flight_at_stop[seq] = round(ev.get("t", 0.0) - sent, 3)
+                if replica in left and left[replica] >= sent:
+                    result.stranded.append(seq)
         elif kind == "trained":
             trained_at.setdefault(seq, []).append(ev["step"])
             result.open.discard(seq)
         elif kind == "dropped":
             result.dropped[seq] = ev.get("reason", "")
             result.open.discard(seq)
+    for seq, (sent, replica) in out.items():  # no stop line (a killed controller): out at the end
+        if seq in result.open and replica in left and left[replica] >= sent:
+            result.stranded.append(seq)
+    result.stranded.sort()
     result.trained = Counter({s: len(steps) for s, steps in trained_at.items() if steps})
     return result
 

@@ -38,6 +38,8 @@ from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
+from controller.sample_quota import SampleQuota
+from controller.stall import StallFacts, StallWatchdog
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, save_state, source_state
 from controller.step_metrics import step_metrics
@@ -103,6 +105,12 @@ class GRPOLoop(GenerationSide):
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
         self._failed_kept = 0  # failed episodes of dropped groups written to the samples this step
+        # No step for controller.max_stall_s: the run stops naming why (controller/stall.py), fed by the
+        # counters above and the groups dropped since the last step, by reason, and their samples.
+        self.stall = StallWatchdog(cfg.controller.max_stall_s)
+        self._dropped_since_step: Counter[str] = Counter()
+        self._dropped_samples = 0  # samples of the groups dropped since the last step
+        self._dropped_quota = SampleQuota()  # dropped samples written to samples/, a bounded rate
         self.env_outage = env_outage_of(cfg, self._note)  # None without an environment server
         self.env_failures = (EnvFailures(cfg.env.address or cfg.env.name or "",
                                          cfg.env.max_consecutive_failures) if cfg.env.enabled else None)
@@ -161,15 +169,23 @@ class GRPOLoop(GenerationSide):
                 expired = self.env_outage.expired() if self.env_outage is not None else None
                 if expired is not None:
                     raise expired
+                if self._bounded_elsewhere():
+                    self.stall.hold()
+                else:
+                    stalled = self.stall.expired(self._stall_facts)
+                    if stalled is not None:
+                        raise stalled
                 if not self._buffer:
                     self._check_fleet_not_empty()
                     # a replica came back, joined or left: rebuild the group now, unlocked
                     if self.recovery.resync_pending() or self.fleet.reform_pending():
                         self._cond.release()
+                        began = time.monotonic()
                         try:
                             self.recovery.service_pending(train_version)
                         finally:
                             self._cond.acquire()
+                            self.stall.waited_on("weight-group re-forms and pushes", time.monotonic() - began)
                         continue
                     self._cond.wait(0.5)
                     continue
@@ -193,6 +209,8 @@ class GRPOLoop(GenerationSide):
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
         dropped[reason] += 1
+        self._dropped_since_step[reason] += 1
+        self._dropped_samples += len(group.completions)
         self._live.pop(group.seq, None)
         self._note("dropped", seq=group.seq, reason=reason, version=group.version,
                    train_version=train_version)
@@ -201,15 +219,41 @@ class GRPOLoop(GenerationSide):
     def _keep_failed_episodes(self, group: ScoredGroup, reason: str) -> None:
         """The failed episodes of a dropped group go to samples/train.jsonl at once, with their error and
         `dropped` (a run whose environment fails everything shows why, even if it never trains a step);
-        at most controller.samples_per_step a step."""
+        at most controller.samples_per_step a step, and at most SampleQuota's rate (64 a minute) however
+        many are dropped (a run that trains no step would otherwise write every one)."""
         limit = self.cfg.controller.samples_per_step
-        records = []
-        for c, r in zip(group.completions, group.results):
-            if c.failed and (limit is None or self._failed_kept < limit):
-                self._failed_kept += 1
-                records.append({**self._sample_record(self.step + 1, None, group, c, r), "dropped": reason})
+        failed = [(c, r) for c, r in zip(group.completions, group.results) if c.failed]
+        if limit is not None:
+            failed = failed[:max(0, limit - self._failed_kept)]
+        failed = failed[:self._dropped_quota.take(len(failed))] if failed else failed
+        self._failed_kept += len(failed)
+        records = [{**self._sample_record(self.step + 1, None, group, c, r), "dropped": reason}
+                   for c, r in failed]
         if records:
             self.writer.log_samples(records)
+
+    def _bounded_elsewhere(self) -> bool:
+        """Whether the loop waits out something with a bound of its own, which the stall limit leaves
+        to it: a reward or environment outage (its max_outage_s), a replica down or an empty fleet
+        (controller.service_wait_s)."""
+        return (self.recovery.reward_outage.blocked()
+                or (self.env_outage is not None and self.env_outage.status()[0] != "running")
+                or bool(self.recovery.waiting) or not self.fleet.members())
+
+    def _stall_facts(self) -> StallFacts:
+        """What the loop saw since its last step, for the stall line (called with the lock held)."""
+        failed_episodes = Counter(self._env_failed)
+        last_error = self.env_failures.last_error if self.env_failures is not None else ""
+        note = ""
+        if self.cfg.env.kind == "openenv" and "CAPACITY_REACHED" in last_error:  # it names N/N sessions
+            note = (f"each episode holds a session of the OpenEnv server: a group needs rollout.n="
+                    f"{self.cfg.rollout.n} sessions at once")
+        paused = ("a replica's weight resync" if self.recovery.resync_pending() else "")
+        return StallFacts(dropped=Counter(self._dropped_since_step), dropped_samples=self._dropped_samples,
+                          env_failed=failed_episodes, env_last_error=last_error,
+                          env_note=note, reward_failed_items=self._failed["items"],
+                          replicas=len(self.fleet.live()), in_flight=len(self._live),
+                          buffered=len(self._buffer), paused=paused)
 
     def _checkpoint(self, step: int, version: int) -> None:
         """The learner's checkpoint of `step`, then the controller's state of the same step."""
@@ -218,11 +262,12 @@ class GRPOLoop(GenerationSide):
         self.checkpointed_step = step
 
     def _checkpoint_on_stop(self, version: int) -> None:
-        """A stopped run (Ctrl-C, SIGTERM, a service gone for good) keeps its progress: the last
-        finished step is checkpointed unless it already is, so controller.resume=latest continues
-        from it whatever learner.checkpoint_every is. Once, with no retries: the learner may be
-        the reason the run stops. Skipped when the learner does not hold this step's version (the
-        stop came between a step's Train and its bookkeeping, or the learner restarted)."""
+        """A stopped run (Ctrl-C, SIGTERM, a stall, an outage: any RlfleetError that ends the loop)
+        keeps its progress: the last finished step is checkpointed unless it already is, so
+        controller.resume=latest continues from it whatever learner.checkpoint_every is. Once, with
+        no retries: the learner may be the reason the run stops. Skipped when the learner does not
+        hold this step's version (the stop came between a step's Train and its bookkeeping, or the
+        learner restarted)."""
         step = self.step
         if step <= self.checkpointed_step:
             return
@@ -266,6 +311,7 @@ class GRPOLoop(GenerationSide):
                 self._start_generation(member)
         self.fleet.watch(self.stop)  # joined members that stop answering leave within seconds
         version = self._start_version
+        self.stall.restart()  # training starts now: the initial sync and evaluation are not a stall
         try:
             for step in range(self._start_step + 1, cc.max_steps + 1):
                 structlog.contextvars.bind_contextvars(step=step, policy_version=version)
@@ -293,6 +339,11 @@ class GRPOLoop(GenerationSide):
                                        step_s=time.perf_counter() - step_start)
                 metrics.update(sample_metrics,
                                **{"dynamic_sampling/filtered_groups": float(dropped["filtered"])})
+                with self._cond:  # the samples of groups dropped since the last step, and the clock again
+                    metrics["samples/dropped"] = float(self._dropped_samples)
+                    self._dropped_samples = 0
+                    self._dropped_since_step.clear()
+                    self.stall.trained(metrics["timing/step_s"])
                 with self._cond:  # every group scored since the last step, trained or dropped
                     metrics["reward/failed"] = float(self._failed["items"])
                     metrics["reward/failed_groups"] = float(self._failed["groups"])
@@ -324,7 +375,7 @@ class GRPOLoop(GenerationSide):
                     self._checkpoint(step, version)
                 if self.on_step is not None:
                     self.on_step(metrics)
-        except Stopped:
+        except RlfleetError:  # Ctrl-C, a stall, an outage, a service gone for good: keep the progress
             self._checkpoint_on_stop(version)
             raise
         finally:

@@ -84,6 +84,7 @@ class Recovery:
         self.generation = 0  # weight-group rebuilds so far
         self.last_batch: TrainBatch | None = None
         self.events: list[dict[str, Any]] = []
+        self.waiting: set[str] = set()  # replicas waited for now (controller.service_wait_s bounds it)
 
     def _deadline(self) -> float:
         return time.monotonic() + self.wait_s
@@ -150,17 +151,21 @@ class Recovery:
         loop = self.loop
         self.requeue(rollout, dispatch, pending, "rollout_failed", exc)
         deadline, delay = self._deadline(), RETRY_FIRST_S
-        while True:
-            if gone():
-                return False
-            try:
-                if rollout.status().ready:
-                    break
-            except RlfleetError as err:
+        self.waiting.add(rollout.address)
+        try:
+            while True:
                 if gone():
                     return False
-                self._expired(deadline, f"rollout replica {rollout.address}", err)
-            delay = self._sleep(delay)
+                try:
+                    if rollout.status().ready:
+                        break
+                except RlfleetError as err:
+                    if gone():
+                        return False
+                    self._expired(deadline, f"rollout replica {rollout.address}", err)
+                delay = self._sleep(delay)
+        finally:
+            self.waiting.discard(rollout.address)
         # A restarted replica left the weight group and serves its initial weights.
         generation = self.generation
         self._resync.set()

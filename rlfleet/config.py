@@ -146,7 +146,7 @@ class EnvConfig(Section):
                             "(a round's Steps go in env.max_concurrency calls at once)")
     max_concurrency: int = Field(4, ge=1, le=256, description="calls in flight to the environment at once "
                                  "(env.kind=openenv: messages, one per episode; raise it for a slow server)")
-    max_outage_s: float = Field(300.0, gt=0.0, le=86400.0, description="how long the run waits while the "
+    max_outage_s: float = Field(120.0, gt=0.0, le=86400.0, description="how long the run waits while the "
                                 "environment cannot be reached (UNAVAILABLE, whatever its health says): "
                                 "admission pauses; after this the run stops with the cause")
     max_consecutive_failures: int = Field(1024, ge=0, description="stop the run after this many episodes in "
@@ -242,6 +242,13 @@ class ControllerConfig(Section):
                                "in flight, step numbering and metrics.jsonl all continue from there")
     service_wait_s: float = Field(300.0, gt=0.0, description="how long the loop waits for a failed "
                                   "service to come back (retrying) before it gives up")
+    max_stall_s: float = Field(150.0, gt=0.0, le=86400.0, description="stop the run, with one line naming "
+                               "why (groups dropped and the reason, environment failures by cause, replicas, "
+                               "time on weight pushes) and a checkpoint of the last step, when no step "
+                               "trained for this long; once steps run the limit is at least 10x the median "
+                               "step time. An outage is bounded by its own reward.max_outage_s / "
+                               "env.max_outage_s instead, a replica down or an empty fleet by "
+                               "service_wait_s")
 
 
 class JobConfig(Section):

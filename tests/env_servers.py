@@ -10,6 +10,7 @@ reflection on) whose fault a test picks:
                   (INVALID_ARGUMENT)
     lax_start     Start answers a reward
     both_obs      Step answers an observation with both messages and text
+    hang          Start answers, Step never answers (it holds the call until the caller gives up)
 
 It records the calls it was sent (`calls`: (rpc, episode ids, End's reason)).
 
@@ -28,7 +29,7 @@ from rlfleet.proto.v1 import environment_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
 
 SERVICE = "rlfleet.v1.Environment"
-FAULTS = ("nan_reward", "unavailable", "honest", "lax_ids", "lax_start", "both_obs")
+FAULTS = ("nan_reward", "unavailable", "honest", "lax_ids", "lax_start", "both_obs", "hang")
 
 
 class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
@@ -57,6 +58,10 @@ class FaultyEnvironment(environment_pb2_grpc.EnvironmentServicer):
         self._record("Step", [a.episode_id for a in request.actions])
         if self.fault == "unavailable":
             context.abort(grpc.StatusCode.UNAVAILABLE, "configured to be unavailable")
+        if self.fault == "hang":  # answers nothing: the call ends when the caller's deadline cancels it
+            while context.is_active():
+                threading.Event().wait(0.2)
+            return pb.StepResponse()
         calls = [c for a in request.actions for c in a.tool_calls]
         if self.fault == "lax_ids" and any(not c.arguments_json for c in calls):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "arguments_json is empty")

@@ -6,7 +6,7 @@
                ground truth; each wrong guess is answered "higher" or "lower"
     calculator an MCP environment (tools add and multiply), ended by the answer tool `submit`
 
-`python -m tests.openenv_servers NAME [--port P]` serves one and prints "serving on http://HOST:PORT";
+`python -m tests.openenv_servers NAME [--port P] [--max-sessions S]` serves one and prints "serving on http://HOST:PORT";
 `serving(NAME)` runs one in a thread of the test (a context manager yielding its address).
 """
 from __future__ import annotations
@@ -161,17 +161,19 @@ class CalculatorEnv(MCPEnvironment):
 
 
 APPS = {
-    "digits": lambda: create_fastapi_app(DigitsGameEnv, Attempt, Feedback, max_concurrent_envs=MAX_SESSIONS),
-    "guess": lambda: create_fastapi_app(GuessEnv, GuessNumber, Hint, max_concurrent_envs=MAX_SESSIONS),
-    "calculator": lambda: create_fastapi_app(CalculatorEnv, CallToolAction, CallToolObservation,
-                                             max_concurrent_envs=MAX_SESSIONS),
+    "digits": lambda sessions: create_fastapi_app(DigitsGameEnv, Attempt, Feedback,
+                                                  max_concurrent_envs=sessions),
+    "guess": lambda sessions: create_fastapi_app(GuessEnv, GuessNumber, Hint, max_concurrent_envs=sessions),
+    "calculator": lambda sessions: create_fastapi_app(CalculatorEnv, CallToolAction, CallToolObservation,
+                                                      max_concurrent_envs=sessions),
 }
 
 
-def _server(name: str, sock: socket.socket):
+def _server(name: str, sock: socket.socket, sessions: int | None = None):
     import uvicorn
 
-    config = uvicorn.Config(APPS[name](), log_level="warning", lifespan="on")
+    app = APPS[name](sessions if sessions is not None else MAX_SESSIONS)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     return uvicorn.Server(config)
 
 
@@ -206,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(APPS))
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--max-sessions", type=int, default=None,
+                        help="the server's max_concurrent_envs (sessions open at once)")
     args = parser.parse_args(argv)
     sock = _socket(args.port)
-    server = _server(args.name, sock)
+    server = _server(args.name, sock, args.max_sessions)
     print(f"serving on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     server.run(sockets=[sock])
     return 0

@@ -105,11 +105,24 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "host_cpu_share": [h["cpu_s"] / h["wall_s"] for h in hosts],
         "weight_sync_s_p50": percentile(sync, 50), "weight_sync_s_max": max(sync) if sync else float("nan"),
         "steps": len(metrics), "lost": found.lost, "trained_twice": found.trained_twice,
+        # apart from "requeued": held at the stop, and stranded (their replica left, no requeue)
+        "requeued": found.requeued_by_reason(), "stranded": found.stranded,
+        "in_flight_at_stop": len(found.in_flight_at_stop),
+        "in_flight_at_stop_s_max": max(found.in_flight_at_stop.values(), default=0.0),
+        "generation_s_max": found.generation_s_max,
+        "invariant_errors": found.invariant_errors(max_in_flight_bound(found.generation_s_max)),
         "dropped": dict(Counter(found.dropped.values())),
         "killed": sum(r["fate"] == "killed" for r in replicas), "straggler": straggler,
         "joined_late": sum(r["started"] > t0 for r in replicas),
         **membership(events, t0, t1),
     }
+
+
+def max_in_flight_bound(generation_s_max: float) -> float:
+    """How long a prompt may have been out at the stop: twice the longest dispatch -> generated of the
+    groups that came back (the slow replica's included), 5 s at least. A group held longer never came
+    back: its replica died and nobody re-queued it (issue 42: 88 prompts held 54-89 s until the stop)."""
+    return max(5.0, 2.0 * generation_s_max)
 
 
 def membership(events: list[dict], t0: float, t1: float) -> dict:

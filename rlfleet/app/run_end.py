@@ -14,6 +14,7 @@ class Ended:
     step: int
     max_steps: int | None
     when: float | None  # when its last step was written (metrics.jsonl), epoch seconds
+    resumable: int | None = None  # the newest step controller.resume=latest can continue from
 
     @property
     def finished(self) -> bool:
@@ -24,12 +25,14 @@ class Ended:
         at = (" on " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.when))) if self.when else ""
         if self.finished:
             return f"rlfleet: run {run_dir.name} finished: step {self.step}{of}{at}"
-        return (f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}; "
-                "controller.resume=latest continues it")
+        stopped = f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}"
+        if self.resumable is None:  # a resume would fail (`nothing to resume`): say so, promise nothing
+            return f"{stopped}; it has no checkpoint to resume from (a new run starts over)"
+        return f"{stopped}; controller.resume=latest continues it from step {self.resumable}"
 
     def as_json(self) -> dict[str, Any]:
         return {"state": "finished" if self.finished else "stopped", "step": self.step,
-                "max_steps": self.max_steps, "last_step_at": self.when}
+                "max_steps": self.max_steps, "last_step_at": self.when, "resumable_step": self.resumable}
 
 
 def where_it_ended(run_dir: Path) -> Ended:
@@ -45,7 +48,18 @@ def where_it_ended(run_dir: Path) -> Ended:
         when = metrics.stat().st_mtime
     except OSError:
         pass
-    return Ended(step, _max_steps(run_dir), when)
+    return Ended(step, _max_steps(run_dir), when, resumable_step(run_dir))
+
+
+def resumable_step(run_dir: Path) -> int | None:
+    """The newest step with a learner checkpoint folder (meta.json written) and a controller state that
+    loads: what controller.resume=latest would continue from (its digests are checked by the resume)."""
+    from controller.state import has_state
+    from rlfleet.checkpoint_files import META
+
+    steps = [int(folder.name.removeprefix("step_")) for folder in (run_dir / "checkpoints").glob("step_*")
+             if folder.name.removeprefix("step_").isdigit() and (folder / META).is_file()]
+    return next((step for step in sorted(steps, reverse=True) if has_state(run_dir, step)), None)
 
 
 def _max_steps(run_dir: Path) -> int | None:

@@ -7,6 +7,9 @@
 
 A call whose JSON cannot be read is still a call (the model tried): it keeps the raw text as
 its arguments and an empty name, so the environment answers it with an error the model sees.
+An opening tag that is never closed (`<tool_call>{…}</tool_calll`, a turn cut short) is no call at
+all: the environment takes the turn for a final answer. `malformed_tool_calls` counts those, as
+tool-format errors (`env/tool_format_errors`, `rlfleet eval`'s `tool_format_errors`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from rlfleet.env.types import ToolCall
 
 _JSON_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _TAGGED_CALL = re.compile(r"<tool\s+name\s*=\s*[\"']?([\w.-]+)[\"']?\s*>(.*?)</tool>", re.DOTALL)
+_JSON_OPEN = re.compile(r"<tool_call>")
+_TAGGED_OPEN = re.compile(r"<tool\s+name\s*=\s*[\"']?[\w.-]+[\"']?\s*>")
 
 
 def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
@@ -27,6 +32,12 @@ def parse_tool_calls(text: str) -> tuple[ToolCall, ...]:
     for match in _TAGGED_CALL.finditer(text):
         found.append((match.start(), ToolCall(name=match.group(1), arguments=match.group(2).strip())))
     return tuple(call for _, call in sorted(found, key=lambda pair: pair[0]))
+
+
+def malformed_tool_calls(text: str) -> int:
+    """Tool-call openings in `text` that do not make a call (no closing tag after them)."""
+    return (len(_JSON_OPEN.findall(text)) - len(_JSON_CALL.findall(text))
+            + len(_TAGGED_OPEN.findall(text)) - len(_TAGGED_CALL.findall(text)))
 
 
 def _json_call(body: str) -> ToolCall:

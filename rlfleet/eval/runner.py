@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from rlfleet.data.prompts import Prompt
+from rlfleet.env.toolcalls import malformed_tool_calls
 from rlfleet.errors import RlfleetError
 from rlfleet.eval.answers import answer_of
 from rlfleet.eval.scoring import EvalSample
@@ -67,6 +68,7 @@ def _score_group(prompt: Prompt, group: GroupResult, score: ScoreFn) -> list[Eva
             tool_errors=sum(t.tool_errors for t in c.turns),
             answer=answer_of(c.final_text),
             nll=_nll(c),
+            tool_format_errors=sum(malformed_tool_calls(t.text) for t in c.turns),
         )
         for i, (c, r) in enumerate(zip(group.completions, results))
     ]

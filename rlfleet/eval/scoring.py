@@ -42,6 +42,7 @@ class EvalSample:
     # `response`) and its mean negative log-prob per generated token (None: the engine gave none)
     answer: str | None = None
     nll: float | None = None
+    tool_format_errors: int = 0  # tool-call openings never closed (rlfleet/env/toolcalls.py)
 
     def correct(self, correct_at: float = CORRECT_AT) -> bool:
         return self.reward is not None and self.reward >= correct_at
@@ -92,6 +93,7 @@ def _summarize_group(samples: list[EvalSample], ks: list[int], correct_at: float
         summary["turns_mean"] = sum(s.turns for s in samples) / len(samples)
         summary["tool_calls_mean"] = sum(s.tool_calls for s in samples) / len(samples)
         summary["tool_errors"] = sum(s.tool_errors for s in samples)
+        summary["tool_format_errors"] = sum(s.tool_format_errors for s in samples)
     return summary
 
 
@@ -155,6 +157,7 @@ def flat_metrics(summary: dict[str, Any], prefix: str = "val") -> dict[str, floa
             ("turns/mean", s.get("turns_mean")),
             ("tool_calls/mean", s.get("tool_calls_mean")),
             ("tool_errors", s.get("tool_errors")),
+            ("tool_format_errors", s.get("tool_format_errors")),
         ):
             if value is not None:
                 out[f"{name}/{key}"] = float(value)

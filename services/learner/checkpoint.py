@@ -166,7 +166,8 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def resumable_checkpoints(root: Path, wanted: Callable[[int], bool] = lambda step: True,
-                          known_good: Path | None = None, checks: DigestChecks | None = None
+                          known_good: Path | None = None, checks: DigestChecks | None = None,
+                          report_incomplete: bool = True, rejected: list[str] | None = None
                           ) -> dict[int, Path]:
     """The checkpoints under root that a `latest` resume can take, by step: walking the complete ones
     newest first, each is checked against its digests (a damaged one is passed over with a warning
@@ -174,17 +175,24 @@ def resumable_checkpoints(root: Path, wanted: Callable[[int], bool] = lambda ste
     hashing a large model's checkpoint takes a minute, and a resume takes the newest that is whole.
     `known_good`: a folder already checked (the one the learner restored from), not read again;
     `checks`: the process's verdicts of before, reused (a damaged folder is not read nor warned about
-    again)."""
+    again). `report_incomplete`: warn about each newer step folder without meta.json passed over (the
+    one place this is said, for the learner's `latest` and the launcher's resume alike; issue 42);
+    `rejected`: where to add why each damaged folder was passed over."""
     found: dict[int, Path] = {}
+    taken: Path | None = None
     for folder in newest_first(root):
         if known_good is None or folder.resolve() != known_good.resolve():
-            good, _ = first_good([folder], checks=checks)
+            good, why = first_good([folder], checks=checks)
+            if rejected is not None:
+                rejected.extend(why)
             if good is None:
                 continue
         step = int(folder.name.removeprefix("step_"))
-        found[step] = folder
+        found[step] = taken = folder
         if wanted(step):
             break
+    if report_incomplete:
+        _report_incomplete(root, taken)
     return found
 
 
@@ -204,11 +212,11 @@ def resolve_checkpoint(root: Path, spec: str | None, checks: DigestChecks | None
             bare = ", ".join(f.name for _, f in sorted(incomplete_checkpoints(root).items()))
             raise CheckpointError(f"no complete checkpoint under {root} to resume from"
                                   + (f" ({bare}: no {META})" if bare else ""))
-        found, rejected = first_good(candidates, checks=checks)
-        if found is None:  # starting fresh would silently throw the run's progress away
+        rejected: list[str] = []
+        found = resumable_checkpoints(root, checks=checks, rejected=rejected)
+        if not found:  # starting fresh would silently throw the run's progress away
             raise CheckpointError(f"no usable checkpoint under {root}: {'; '.join(rejected)}")
-        _report_incomplete(root, found)
-        return found
+        return next(iter(found.values()))
     path = Path(spec)
     if not (path / META).is_file():
         raise CheckpointError(f"checkpoint {path} is missing or incomplete (no {META})")

@@ -107,8 +107,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def ListCheckpoints(self, request, context):
         learner = self._ready()
         # The newest checkpoint that passes its digests (damaged newer ones left out, with a warning).
+        # folders without meta.json were named when the resume was resolved (launcher or learner start)
         found = resumable_checkpoints(learner.checkpoint_dir, known_good=self.restored_from,
-                                      checks=self.digest_checks)
+                                      checks=self.digest_checks, report_incomplete=False)
         reply = learner_pb2.ListCheckpointsResponse(checkpoints=[
             learner_pb2.CheckpointInfo(step=step, path=str(path)) for step, path in sorted(found.items())])
         if self.restored_from is not None:

@@ -19,6 +19,7 @@ def test_sixteen_simulated_replicas_under_churn_lose_nothing_and_hold_the_bound(
                    "--target-rate", "20", "--churn", "--churn-per-min", "1.25", "--pause-at", "2",
                    "--pause-s", "2", "--start-timeout", "240"])
     assert result["lost"] == [] and result["trained_twice"] == []
+    assert result["stranded"] == [] and result["invariant_errors"] == []  # main() exits 1 otherwise
     assert result["staleness_max"] <= STALENESS
     assert result["killed"] >= 1 and result["joined_late"] >= 1  # the churn happened
     assert result["groups"] > 0 and result["controller_cpu_ms_per_group"] > 0

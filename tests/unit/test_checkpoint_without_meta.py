@@ -44,3 +44,21 @@ def test_a_temporary_folder_of_a_checkpoint_being_written_is_not_reported(tmp_pa
     with structlog.testing.capture_logs() as logs:
         assert resolve_checkpoint(tmp_path, "latest") == good
     assert not [e for e in logs if e["log_level"] == "warning"], logs
+
+
+def test_rlfleet_runs_resume_latest_names_a_step_folder_without_meta_too(tmp_path):
+    """Issue 42, 8: `rlfleet run … controller.resume=latest` resolves the checkpoint in the launcher
+    (rlfleet/app/launch.py), which passed over a step folder without meta.json silently; the warning
+    lived only in resolve_checkpoint's `latest` branch. Both go through one function now."""
+    from controller.state import ControllerState, save_state
+    from rlfleet.app.launch import local_learner_checkpoints
+
+    good = _complete(tmp_path / "checkpoints", 2)
+    save_state(tmp_path, ControllerState(2, 2, 0, {}, []))
+    bare = tmp_path / "checkpoints" / "step_5"
+    bare.mkdir()
+    (bare / "model.safetensors").write_bytes(b"half a copy")
+    with structlog.testing.capture_logs() as logs:
+        assert local_learner_checkpoints(tmp_path, "latest") == {2: str(good)}
+    warned = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert any("step_5" in w and META in w for w in warned), logs

@@ -77,3 +77,45 @@ def test_each_change_is_journalled_before_admission_sees_it():
     # told "outage" while admission still ran; told "running" while it was still paused
     assert seen == [("outage", False), ("running", True)]
     outage.close()
+
+
+def test_a_trial_admits_one_request_and_a_paused_admission_none():
+    """Issue 42, 6: a server whose health says SERVING while every call fails UNAVAILABLE got ~3,500
+    episodes a minute while admission was 'paused': each trial admitted a full gate's worth. A trial now
+    admits one request; until its episodes get through (or fail again), nothing more."""
+    outage = EnvOutage(300.0, probe=lambda: True, probe_every_s=0.01)
+    assert outage.take_admission() and outage.take_admission()  # running: admission is open
+    outage.failed("episode p0/1: environment h:1 Start: UNAVAILABLE")
+    assert outage.blocked() and not outage.take_admission()  # paused: nothing
+    deadline = time.monotonic() + 30
+    while outage.state != "trial" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outage.state == "trial" and not outage.blocked()
+    assert outage.take_admission()  # the trial's one request
+    assert outage.blocked() and not outage.take_admission()  # and nothing more
+    outage.reached()
+    assert not outage.blocked() and outage.take_admission() and outage.take_admission()
+    outage.close()
+
+
+def test_each_failed_trial_doubles_the_wait_before_the_next_probe():
+    outage = EnvOutage(300.0, probe=lambda: True, probe_every_s=1.0, max_probe_every_s=5.0)
+    waits = []
+    for _ in range(5):
+        outage.failed("UNAVAILABLE")
+        waits.append(outage.probe_wait_s)
+        outage.state = "trial"  # as the probe thread leaves it once health says SERVING
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]  # 1, doubled, capped at 5
+    outage.reached()
+    outage.failed("UNAVAILABLE")
+    assert outage.probe_wait_s == 1.0  # a new outage starts again from the first wait
+    outage.close()
+
+
+def test_the_defaults_end_a_hung_or_unavailable_environment_within_three_minutes():
+    """Issue 42, 6: at the defaults a hung environment ran past 300 s. The stall limit (a hung
+    environment: episodes time out, no step trains) and the outage bound are each at most 180 s."""
+    from rlfleet.config import JobConfig
+
+    cfg = JobConfig()
+    assert cfg.controller.max_stall_s <= 180.0 and cfg.env.max_outage_s <= 180.0

@@ -61,11 +61,35 @@ def test_a_finished_run_says_so_and_exits_0(tmp_path, capsys):
     assert controller["health"] == "FINISHED" and controller["ended"]["step"] == 30, controller
 
 
+def _checkpoint(run: Path, step: int) -> None:
+    """A checkpoint of `step` as the run leaves one: the learner's folder with meta.json, the controller's
+    state."""
+    folder = run / "checkpoints" / f"step_{step}"
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"step": step, "policy_version": step, "files": {}}))
+    (run / "controller_state").mkdir(exist_ok=True)
+    (run / "controller_state" / f"step_{step}.json").write_text(json.dumps({
+        "format": 1, "step": step, "policy_version": step, "seq": 0, "source": {}, "requeue": []}))
+
+
 def test_a_run_stopped_early_says_where_and_how_to_continue(tmp_path, capsys):
     run = _run_folder(tmp_path, last_step=12, max_steps=30)
+    _checkpoint(run, 12)
     assert print_status(str(run)) == 1
     out = capsys.readouterr().out
     assert "not running" in out and "step 12/30" in out and "controller.resume=latest" in out, out
+    assert "continues it from step 12" in out, out
+
+
+def test_a_run_stopped_without_a_checkpoint_promises_no_resume(tmp_path, capsys):
+    """Issue 42, 7: an outage stopped a run before any checkpoint; status said controller.resume=latest
+    continues it, and that resume failed (`nothing to resume`)."""
+    run = _run_folder(tmp_path, last_step=3, max_steps=30)
+    assert print_status(str(run)) == 1
+    out = capsys.readouterr().out
+    assert "not running" in out and "step 3/30" in out, out
+    assert "controller.resume=latest continues" not in out, out
+    assert "no checkpoint to resume from" in out, out
 
 
 def test_an_unreachable_row_says_why(tmp_path):
