@@ -101,8 +101,13 @@ class WeightSync:
             self._leftover = []
 
     def sync(self, version: int) -> float:
-        """Pushes `version` to every rollout; returns the seconds until all of them serve it."""
+        """Pushes `version` to every rollout; returns the seconds until all of them serve it. With no
+        rollout (the last one left: the group was re-formed over nobody) nothing is pushed: the learner's
+        previous group has no receiver left, and a push there waited out the group's timeout (issue 42).
+        The next re-formed group (a joiner's) gets the current version."""
         self._settle()
+        if not self.rollouts:
+            return 0.0
         start = time.perf_counter()
         deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
         push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify, self.group)
