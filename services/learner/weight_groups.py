@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from rlfleet.errors import NotReady, WeightSyncError
+from rlfleet.errors import Busy, NotReady, WeightSyncError
 from rlfleet.weights import WeightGroup
 
 MAX_PENDING = 8  # groups opened and not yet pushed to; a flood of Opens closes the oldest of them
@@ -62,9 +62,13 @@ class WeightGroups:
         return found
 
     def take(self, address: str = "") -> HostedGroup:
-        """The group at `address` (empty: the one opened last), held for a push until `done`."""
+        """The group at `address` (empty: the one opened last), held for a push until `done`; Busy while
+        another push to it runs (two pushes must not build one group's rendezvous at once)."""
         with self._lock:
             found = self._find(address)
+            if found in self._busy:
+                raise Busy(f"PushWeights refused: a push to the weight group at {found.address} is in "
+                           "progress; retry after it ends")
             self._busy.add(found)
             return found
 

@@ -47,7 +47,7 @@ from tests.unit.test_loop_recovery import run_loop
 pytestmark = [pytest.mark.service, pytest.mark.timeout(240)]
 
 SYNC_TIMEOUT_S = 40.0  # learner.weight_sync_timeout_s: what a push or pull waits for at most
-MEMBER_WAIT_S = 15.0  # a rank missing at the rendezvous for this long is not coming
+MEMBER_WAIT_S = 9.0  # a rank missing at the rendezvous for this long is not coming
 SERVICE_WAIT_S = 20.0  # controller.service_wait_s
 
 
