@@ -215,6 +215,29 @@ def test_a_stray_push_to_a_group_of_its_own_neither_refuses_nor_delays_the_runs_
     assert "weight_sync_failed" not in kinds, kinds
 
 
+def test_a_stray_push_naming_no_group_never_lands_on_the_runs_group(fleet_of):
+    """The stray client's group is closed by the run's next push (a push to one group closes the
+    others). Its PushWeights, naming no group, then went to "the group opened last" that was left: the
+    run's own, whose replica was not pulling. It held the learner until the group's timeout, the run's
+    Train was refused Busy meanwhile, and a real run stopped after controller.service_wait_s (seen with
+    `rlfleet run`, 2 tries of 2). It must be refused at once, and the run's next step go through."""
+    learner, replicas, loop, journal = fleet_of(["a"], founders=1)
+    loop.recovery.resync(0)
+    stub = learner_pb2_grpc.LearnerStub(learner.channel)
+    stray = stub.OpenWeightGroup(learner_pb2.OpenWeightGroupRequest(world_size=2), timeout=TIMEOUT).address
+    _train(learner, 1)
+    loop.recovery.sync(1)  # the run's push to its group closes the stray group
+    began = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PushWeights(learner_pb2.PushWeightsRequest(version=1), timeout=SYNC_TIMEOUT_S + 10)
+    took = time.monotonic() - began
+    assert took < MEMBER_WAIT_S / 3, f"the stray push held the learner {took:.1f}s"
+    assert stray in err.value.details() and "closed" in err.value.details(), err.value.details()
+    _train(learner, 2)  # not refused: nothing holds the learner
+    loop.recovery.sync(2)
+    assert _holds_learners_weights(replicas["a"], learner, 2)
+
+
 # ---- 4: a spoofed Join ----------------------------------------------------------------------------
 
 def test_a_join_naming_a_run_started_replicas_address_does_not_replace_it(fleet_of):
