@@ -169,7 +169,9 @@ class GenerationSide:
         missing = len(pending)
         error = RlfleetError(f"rollout replica {member.address}: the Generate stream ended OK with "
                              f"{missing} of {asked} groups missing")
-        self.recovery.requeue(member.client, dispatch, pending, "stream_ended_short", error)
+        handed = self.recovery.requeue(member.client, dispatch, pending, "stream_ended_short", error)
+        if member.state == LEAVING:  # counted as handed back in its `left` journal line
+            member.handed_back += handed
         if missing < asked:
             return RETRY_FIRST_S
         if self.stop.wait(delay):
