@@ -39,10 +39,10 @@ from services.learner.weight_groups import HostedGroup, WeightGroups
 log = structlog.get_logger(__name__)
 
 
-
 def _alone(wait_s: float) -> AbstractContextManager:
     """No service around the learner (tests, benchmarks): nothing else pushes at the same time."""
     return nullcontext()
+
 
 class Learner:
     gpus_per_step = 1  # GPUs that share one train step (the sharded learner: its world size)
