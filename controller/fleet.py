@@ -134,6 +134,7 @@ class Fleet:
         if identity != self.identity:
             raise FleetRefused(f"it serves a different model than this run: {self._difference(architecture)} "
                                f"(start it with the run's model.path)")
+        self._refuse_founder(address)
         if not self._checking.acquire(blocking=False):
             raise Busy(f"the controller is checking {MAX_JOIN_CHECKS} other Joins now; ask again in a moment")
         try:
@@ -163,6 +164,20 @@ class Fleet:
                  replica=address, name=name)
         self._changed()
         return member
+
+    def _refuse_founder(self, address: str) -> None:
+        """A Join naming the address of a member the run started with is refused: that replica takes part
+        without a Join and, when it fails, is waited for and taken back in place (controller/recovery.py).
+        Without a token anyone may send Joins, and one naming its address (which that replica answers)
+        replaced it with a joined member that a Leave could then take out of the run (issue 42)."""
+        with self._lock:
+            old = self._members.get(address)
+        if old is not None and not old.joined:
+            self._note("join_refused", replica=address, name=old.name, reason="run_started")
+            log.warning("a Join named a replica this run started with; refused, it stays as it is",
+                        replica=address, name=old.name)
+            raise FleetRefused(f"{address} is the replica {old.name!r}, which this run started with "
+                               "(rollout.address / rollout.addresses): it takes part without a Join")
 
     def _call_back(self, address: str) -> tuple[RolloutClient, float | None]:
         """A client of the replica at `address`, which must answer within JOIN_CHECK_S, and the id of

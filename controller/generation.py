@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 import structlog
 
 from rlfleet.data.prompts import Prompt
-from rlfleet.errors import ServiceUnavailable
+from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
-from controller.recovery import Stopped
+from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
 from controller.state import Dispatch, sampling_seed
 
 log = structlog.get_logger(__name__)
@@ -110,6 +110,7 @@ class GenerationSide:
 
     def _generate_forever(self, member: Member) -> None:
         rollout = member.client
+        delay = RETRY_FIRST_S  # the wait after a stream that brought nothing back (_short_stream)
         try:
             while not self.stop.is_set():
                 dispatch = self._admit(member)
@@ -138,6 +139,10 @@ class GenerationSide:
                             self._to_score.append(waiting)
                             self._scorable.notify()
                         started = time.perf_counter()
+                    if pending:  # the stream ended OK but short: its missing prompts go to the next request
+                        delay = self._short_stream(member, dispatch, pending, len(prompts), delay)
+                    else:
+                        delay = RETRY_FIRST_S
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
                     if self.stop.is_set():  # the stream was cut by the loop's own exit
                         return
@@ -156,6 +161,26 @@ class GenerationSide:
             self._fail(exc)
         finally:
             self.fleet.thread_ended(member)
+
+    def _short_stream(self, member: Member, dispatch: Dispatch, pending: dict[str, tuple[int, Prompt]],
+                      asked: int, delay: float) -> float:
+        """A Generate stream ended without an error but without some of its groups (a replica whose
+        engine stopped mid-request, a third-party rollout): the missing prompts are re-queued at once
+        (journal `requeued`, reason `stream_ended_short`), as for a failed stream. Before, they stayed
+        admitted and in flight until the run stopped, holding admission slots (issue 42). A stream that
+        brought nothing back is followed by a wait (doubling, RETRY_MAX_S at most) before the member
+        asks for work again, so a replica that always answers empty cannot spin. Returns that wait."""
+        missing = len(pending)
+        error = RlfleetError(f"rollout replica {member.address}: the Generate stream ended OK with "
+                             f"{missing} of {asked} groups missing")
+        handed = self.recovery.requeue(member.client, dispatch, pending, "stream_ended_short", error)
+        if member.state == LEAVING:  # counted as handed back in its `left` journal line
+            member.handed_back += handed
+        if missing < asked:
+            return RETRY_FIRST_S
+        if self.stop.wait(delay):
+            raise Stopped("stopping")
+        return min(delay * 2, RETRY_MAX_S)
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:

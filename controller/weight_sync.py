@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from rlfleet.errors import RlfleetError, VersionMismatch, WeightSyncError
+from rlfleet.errors import Busy, RlfleetError, VersionMismatch, WeightSyncError
 from controller.clients import LearnerClient, RolloutClient
 from controller.reform import MembersFailed, member_failed, seats
 
@@ -19,6 +19,8 @@ MAX_REPLICAS = 256  # rollout replicas a weight group can hold
 # members' round trips, not one per member (issue 34: 256 of them one after another took long enough
 # for a member to die during the walk, which failed the whole re-form).
 PARALLEL_CALLS = 64
+# A push refused Busy is asked again after BUSY_RETRY_FIRST_S, doubling to BUSY_RETRY_MAX_S.
+BUSY_RETRY_FIRST_S, BUSY_RETRY_MAX_S = 0.2, 2.0
 STATUS_TIMEOUT_S = 10.0  # a member that does not answer its status within this is left out (as before)
 
 
@@ -101,11 +103,16 @@ class WeightSync:
             self._leftover = []
 
     def sync(self, version: int) -> float:
-        """Pushes `version` to every rollout; returns the seconds until all of them serve it."""
+        """Pushes `version` to every rollout; returns the seconds until all of them serve it. With no
+        rollout (the last one left: the group was re-formed over nobody) nothing is pushed: the learner's
+        previous group has no receiver left, and a push there waited out the group's timeout (issue 42).
+        The next re-formed group (a joiner's) gets the current version."""
         self._settle()
+        if not self.rollouts:
+            return 0.0
         start = time.perf_counter()
         deadline = self.timeout_s + 10  # the RPC outlives the group's own timeout, which reports first
-        push = self._pool.submit(self.learner.push_weights, version, deadline, self.verify, self.group)
+        push = self._pool.submit(self._push, version, deadline)
         pulls = [self._pool.submit(r.pull_weights, version, deadline, self.verify) for r in self.rollouts]
         # A pull that fails (the replica is gone) ends the sync at once: the push would only wait out
         # its timeout for that receiver (issue 32: 120 s before the run said no replica was left).
@@ -134,6 +141,22 @@ class WeightSync:
                                       f"the learner's (digest {pulled.digest} != {pushed.digest})")
         self.forget()
         return time.perf_counter() - start
+
+    def _push(self, version: int, deadline: float) -> Any:
+        """The learner's push, asked again while it is refused Busy (another push holds the learner,
+        which refuses rather than queues): the pulls started beside it are waiting for this very push,
+        so it is retried, with backoff, for the group's timeout rather than given up (issue 42)."""
+        end, delay = time.monotonic() + self.timeout_s, BUSY_RETRY_FIRST_S
+        while True:
+            try:
+                return self.learner.push_weights(version, deadline, self.verify, self.group)
+            except Busy:
+                if time.monotonic() + delay > end:
+                    raise
+                log.info("the learner is busy with another weight operation; pushing again", version=version,
+                         retry_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, BUSY_RETRY_MAX_S)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from rlfleet.env.base import Environment
+from rlfleet.env.contract import CONTRACT_REVISION
 from rlfleet.env.types import Action, EpisodeRow, Observation, StepResult
 from rlfleet.errors import RlfleetError
 from rlfleet.metrics import ServiceMetrics
@@ -66,7 +67,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServicer):
     @rpc_method
     def Describe(self, request, context):
         return environment_pb2.DescribeResponse(name=self.env.name, description=self.env.description,
-                                                tools=env_convert.tools_to_proto(tuple(self.env.tools)))
+                                                tools=env_convert.tools_to_proto(tuple(self.env.tools)),
+                                                contract_revision=CONTRACT_REVISION)
 
     def expire_idle(self) -> list[str]:
         """Drops the episodes idle for idle_expiry_s (each ended with reason "expired"); their ids."""

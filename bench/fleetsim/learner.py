@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 import threading
 import time
 from pathlib import Path
@@ -66,9 +68,12 @@ class SimLearner:
         self._last = address
         return address, "nccl"
 
-    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
-        """Pushes to the group at `group` (empty: the one opened last), as the real learner does."""
-        with self._lock:
+    def push_weights(self, version: int, digest: bool = False, group: str = "",
+                     exclusive: Callable[[float], AbstractContextManager] | None = None,
+                     ) -> dict[str, float | str]:
+        """Pushes to the group at `group` (empty: the one opened last), as the real learner does;
+        `exclusive` (the service's one push at a time) is held for the transfer."""
+        with (exclusive or (lambda wait_s: nullcontext()))(60.0), self._lock:
             if version != self.version:
                 raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
             start = time.perf_counter()

@@ -118,8 +118,12 @@ function end(call, callback) {
   });
 }
 
+// The revision of the environment contract this server was written against (docs/environments.md,
+// "Contract revisions"); `rlfleet env check` prints it.
+const CONTRACT_REVISION = 3;
+
 function describe(call, callback) {
-  callback(null, game.description);
+  callback(null, { ...game.description, contract_revision: CONTRACT_REVISION });
 }
 
 // The standard health protocol (health.proto): SERVING once episodes can run, NOT_SERVING from the

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import open_channel
 
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+PASS, WARN, FAIL, NA = "PASS", "WARN", "FAIL", "N/A"
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,14 @@ class Failed(Exception):
     """A check found the contract broken."""
 
 
+class NotApplicable(str):
+    """What a check returns for N/A with a detail (NA itself: N/A without one)."""
+
+
 class ServerChecker:
     """A conversation with one server of the contract named by SERVICE: a subclass adds its stub,
-    its requests and its CHECKS (name, method) in the order they run."""
+    its requests and its CHECKS (name, method) in the order they run. A check that finds something
+    the client copes with (an older revision's behaviour) calls warn(): it then says WARN."""
 
     SERVICE = ""
     CHECKS: tuple[tuple[str, Callable[[object], str]], ...] = ()
@@ -37,6 +42,16 @@ class ServerChecker:
     def __init__(self, address: str, timeout_s: float, security=None):
         self.address, self.timeout_s = address, timeout_s
         self.channel = open_channel(address, security)
+        self.warnings: list[str] = []  # of the check running now (run_checks empties it before each)
+        self._warned: set[str] = set()
+
+    def warn(self, message: str) -> None:
+        """The check in progress found something harmless to the client that the contract now says
+        otherwise. Said once, by the first check that finds it (every check that plays episodes
+        would find a reward on Start again)."""
+        if message not in self._warned:
+            self._warned.add(message)
+            self.warnings.append(message)
 
     def expect_code(self, call: Callable[[], object], code: grpc.StatusCode) -> str:
         try:
@@ -97,9 +112,16 @@ def run_checks(checker: object, checks: tuple[tuple[str, Callable[[object], str]
     the health check finds nothing answering, the others are not run (they would only repeat it)."""
     results = []
     for name, method in checks:
+        warnings = getattr(checker, "warnings", None)
+        if warnings is not None:
+            warnings.clear()
         try:
             detail = method(checker)
-            results.append(Check(name, NA if detail == NA else PASS, "" if detail == NA else detail))
+            if detail != NA and warnings:
+                results.append(Check(name, WARN, "; ".join(warnings)))
+            else:
+                skipped = detail == NA or isinstance(detail, NotApplicable)
+                results.append(Check(name, NA if skipped else PASS, "" if detail == NA else str(detail)))
         except Failed as exc:
             results.append(Check(name, FAIL, str(exc)))
         except grpc.RpcError as err:
@@ -109,10 +131,13 @@ def run_checks(checker: object, checks: tuple[tuple[str, Callable[[object], str]
     return results
 
 
-def format_table(kind: str, address: str, checks: list[Check]) -> str:
+def format_table(kind: str, address: str, checks: list[Check], against: str = "") -> str:
+    """`against`: what the server was checked against, said on the first line ("contract revision 3")."""
     width = max(len(c.name) for c in checks)
-    lines = [f"{kind} server {address}", f"{'check':<{width}}  result  detail"]
+    lines = [f"{kind} server {address}" + (f", checked against {against}" if against else ""),
+             f"{'check':<{width}}  result  detail"]
     lines += [f"{c.name:<{width}}  {c.result:<6}  {c.detail}" for c in checks]
-    counts = {r: sum(c.result == r for c in checks) for r in (PASS, FAIL, NA)}
-    lines.append(f"summary: {counts[PASS]} PASS, {counts[FAIL]} FAIL, {counts[NA]} N/A")
+    counts = {r: sum(c.result == r for c in checks) for r in (PASS, WARN, FAIL, NA)}
+    warned = f"{counts[WARN]} WARN, " if counts[WARN] else ""  # WARN does not fail: exit 0
+    lines.append(f"summary: {counts[PASS]} PASS, {warned}{counts[FAIL]} FAIL, {counts[NA]} N/A")
     return "\n".join(lines)

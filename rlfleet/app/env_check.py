@@ -1,16 +1,21 @@
 """`rlfleet env check ADDRESS`: does an environment server keep the rlfleet.v1.Environment contract?
 
-Each check is one small conversation with the server; the result is PASS, FAIL (the contract is
-broken; the detail says how) or N/A (an optional part the server does not implement). Episodes
+Each check is one small conversation with the server; the result is PASS, WARN (an older revision's
+behaviour the rollout copes with: exit 0), FAIL (the contract is broken; the detail says how) or N/A
+(an optional part the server does not implement). Episodes
 start from a digits row by default and are played with a tool call, then a plain answer; a server
 for other data takes `--row '{"data_source": …, "prompt": …, "ground_truth": …}'` and
 `--action TEXT` (repeatable: the turns played, in order, cycling).
 
-Besides the contract's rules it checks the points environment.proto decides: a Start of an episode
-still running fails that item and leaves the episode running, Start answers done=false and no
-reward, an observation is messages or text (not both), an empty `arguments_json` is a call without
-arguments (not INVALID_ARGUMENT), an End after a failed call is answered; and the health service's
-Watch. With a bearer token (`--config`) it checks that calls without it, or with another, are refused
+Besides the contract's rules it checks the points environment.proto decides (revision 2): a Start of
+an episode still running fails that item and leaves the episode running, Start answers done=false and
+no reward, an observation is messages or text (not both), an empty `arguments_json` is a call without
+arguments (not INVALID_ARGUMENT), the End reasons, an End after a failed call is answered; and the
+health service's Watch. Where a server keeps an older revision's behaviour that the rollout copes with
+(it never reuses an id nor sends an empty arguments_json, it ignores a reward on Start and uses the
+text of an observation with both fields) the check says WARN, naming the revision that changed the
+point; it prints the contract revision the server reports in Describe (rlfleet/env/contract.py).
+With a bearer token (`--config`) it checks that calls without it, or with another, are refused
 UNAUTHENTICATED; with `--stop PID` it ends by sending the server SIGTERM and checks that health
 says NOT_SERVING before the server goes. Episode ids carry a random tag per check, so that checking
 one server again never reuses an id.
@@ -28,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlfleet.env.contract import CONTRACT_REVISION, DECIDED, since
 from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action
 from rlfleet.proto.v1 import environment_pb2 as pb
@@ -36,7 +42,16 @@ from rlfleet.rpc import env_convert
 from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import open_channel
 from rlfleet.app import conformance
-from rlfleet.app.conformance import FAIL, NA, PASS, Check, Failed, ServerChecker  # noqa: F401 (re-exported)
+from rlfleet.app.conformance import (  # noqa: F401 (re-exported)
+    FAIL,
+    NA,
+    PASS,
+    WARN,
+    Check,
+    Failed,
+    NotApplicable,
+    ServerChecker,
+)
 
 ENV_SERVICE = "rlfleet.v1.Environment"
 DEFAULT_ROW = {"data_source": "digits_reverse", "prompt": "Reverse the digits: 4721", "ground_truth": "1274"}
@@ -95,8 +110,8 @@ class EnvContractChecker(ServerChecker):
             if not result.ok and not result.error:
                 raise Failed(f"episode {episode_id}: ok=false without an error message")
             if result.observation.messages and result.observation.text:
-                raise Failed(f"episode {episode_id}: an observation with both messages and text (one or "
-                             "the other)")
+                self.warn(f"an observation with both messages and text: the rollout uses the text "
+                          f"({since(DECIDED)}; revision 1 used the messages); send one or the other")
             if require_ok and not result.ok:
                 raise Failed(f"episode {episode_id} failed: {result.error}")
         return f"{len(results)} result{'s' * (len(results) != 1)} in order"
@@ -108,7 +123,8 @@ class EnvContractChecker(ServerChecker):
             if result.done:
                 raise Failed(f"episode {episode_id}: Start answered done=true (an episode needs a turn)")
             if result.HasField("reward"):
-                raise Failed(f"episode {episode_id}: Start answered a reward (there is no turn to reward)")
+                self.warn(f"Start answered a reward: ignored, there is no turn to reward ({since(DECIDED)}: "
+                          "Start answers no reward)")
         return detail
 
     def play(self, count: int) -> tuple[list[str], list[pb.StepResult], int]:
@@ -179,7 +195,13 @@ class EnvContractChecker(ServerChecker):
         episodes = self.starts(2)
         ids = [e.episode_id for e in episodes]
         self.well_formed(ids, self.start(episodes))
-        detail = self.well_formed(ids, self.end(ids, "length"))
+        reply = self.end(ids, "length")
+        detail = self.well_formed(ids, reply, require_ok=False)
+        refused = [r for r in reply.results if not r.ok]
+        if refused:
+            raise Failed(f"End(reason='length') answered ok=false ({refused[0].error}): {since(DECIDED)} "
+                         "renamed the End reasons (max_turns, length, failed, aborted; token_budget is now "
+                         "length, generation_failed failed or aborted), and a refused End fails the episode")
         again = self.end(ids[:1])
         self.well_formed(ids[:1], again, require_ok=False)
         if again.results[0].ok:
@@ -230,9 +252,11 @@ class EnvContractChecker(ServerChecker):
         self.started([episode_id], self.start(episodes))
         again = self.start(self.starts(1, episode_id=episode_id))
         self.well_formed([episode_id], again, require_ok=False)
-        if again.results[0].ok:
-            raise Failed(f"a second Start of the running episode {episode_id} answered ok=true")
-        if episode_id not in again.results[0].error:
+        if again.results[0].ok:  # revision 1 left it open (servers started the episode afresh)
+            self.warn(f"a second Start of the running episode {episode_id} answered ok=true: "
+                      f"{since(DECIDED)} refuses it (ok=false naming the episode) and leaves the episode as "
+                      "it is; harmless to the rollout, which never reuses an id")
+        elif episode_id not in again.results[0].error:
             raise Failed(f"the error does not name the episode: {again.results[0].error!r}")
         step = self.step([self.action(episode_id, 1)])
         self.well_formed([episode_id], step, require_ok=False)
@@ -257,8 +281,14 @@ class EnvContractChecker(ServerChecker):
         try:
             reply = self.stub.Step(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
-            raise Failed(f"a tool call with an empty arguments_json (no arguments) ended "
-                         f"{err.code().name}: {err.details()}") from None
+            if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise Failed(f"a tool call with an empty arguments_json (no arguments) ended "
+                             f"{err.code().name}: {err.details()}") from None
+            self.warn(f"a tool call with an empty arguments_json ended INVALID_ARGUMENT: {since(DECIDED)} "
+                      "reads it as a call without arguments ({}); harmless to the rollout, which always "
+                      "sends JSON")
+            self.end([episode_id])
+            return "INVALID_ARGUMENT"
         self.well_formed([episode_id], reply, require_ok=False)
         if reply.results[0].ok and not reply.results[0].done:
             self.end([episode_id])
@@ -270,8 +300,12 @@ class EnvContractChecker(ServerChecker):
         try:
             first = next(stream)
         except grpc.RpcError as err:
-            why = f"{err.code().name}: {err.details()}"
+            code, why = err.code(), f"{err.code().name}: {err.details()}"
             release_call(err)  # a failed stream must not wait for the final collection
+            if code == grpc.StatusCode.UNIMPLEMENTED:  # revision 1 asked for Check only
+                self.warn(f"grpc.health.v1 Watch is not implemented ({since(DECIDED)} asks for Check and "
+                          "Watch): rlfleet falls back to Check")
+                return "UNIMPLEMENTED"
             raise Failed(f"grpc.health.v1 Watch failed: {why}") from None
         except StopIteration:
             raise Failed("grpc.health.v1 Watch ended without a status") from None
@@ -331,6 +365,25 @@ class EnvContractChecker(ServerChecker):
         _, results, turns = self.play(3)
         return f"3 episodes played ({turns} turns); {self.check_health()}"
 
+    def check_revision(self) -> str:
+        """The contract revision the server reports in Describe (DescribeResponse.contract_revision)."""
+        reply = self.optional("Describe",
+                              lambda: self.stub.Describe(pb.DescribeRequest(), timeout=self.timeout_s))
+        if reply is NA:
+            return NotApplicable(f"not reported (no Describe); checked against revision {CONTRACT_REVISION}")
+        theirs = reply.contract_revision
+        if theirs == CONTRACT_REVISION:
+            return f"{theirs}, this checker's"
+        if theirs == 0:
+            self.warn(f"not reported (Describe's contract_revision is 0: written before revision 3); "
+                      f"checked against revision {CONTRACT_REVISION}")
+        elif theirs < CONTRACT_REVISION:
+            self.warn(f"written against revision {theirs}; checked against revision {CONTRACT_REVISION} "
+                      "(what changed since: docs/environments.md, Contract revisions)")
+        else:
+            self.warn(f"revision {theirs} is newer than this checker's {CONTRACT_REVISION}: update rlfleet")
+        return str(theirs)
+
     def check_describe(self) -> str:
         reply = self.optional("Describe",
                               lambda: self.stub.Describe(pb.DescribeRequest(), timeout=self.timeout_s))
@@ -346,6 +399,7 @@ class EnvContractChecker(ServerChecker):
 
     CHECKS = (
         ("health", ServerChecker.check_health), ("health Watch", check_health_watch),
+        ("contract revision", check_revision),
         ("empty requests", check_empty),
         ("one episode", check_episode),
         ("batch keeps order", check_batch), ("concurrent calls", check_concurrent),
@@ -363,7 +417,8 @@ class EnvContractChecker(ServerChecker):
 
 
 def format_table(address: str, checks: list[Check]) -> str:
-    return conformance.format_table("environment", address, checks)
+    return conformance.format_table("environment", address, checks,
+                                    against=f"contract revision {CONTRACT_REVISION}")
 
 
 def check_server(address: str, timeout_s: float = 10.0, row: dict | None = None,

@@ -33,10 +33,13 @@ class Exclusive:
             raise Busy(f"{call} refused: {running} is in progress on this {self.what}; retry after it ends")
 
     @contextmanager
-    def hold(self, call: str) -> Iterator[None]:
-        if not self._lock.acquire(blocking=False):
-            raise Busy(f"{call} refused: {self._running} is in progress on this {self.what}; retry "
-                       "after it ends")
+    def hold(self, call: str, wait_s: float = 0.0) -> Iterator[None]:
+        """Runs `call` alone; Busy when another operation holds it, at once or (`wait_s` > 0, for a call
+        that already holds a server thread and must not fail on a short overlap) after `wait_s`."""
+        taken = self._lock.acquire(timeout=wait_s) if wait_s > 0 else self._lock.acquire(blocking=False)
+        if not taken:
+            raise Busy(f"{call} refused: {self._running or 'another operation'} is in progress on this "
+                       f"{self.what}; retry after it ends")
         self._running = call
         try:
             yield

@@ -119,6 +119,12 @@ class WeightGroup:
         finally:
             self._deadline = None
 
+    def time_left(self) -> float:
+        """Seconds the operation in progress (bounded()) may still take, 0 once it ran out."""
+        if self._deadline is None:
+            return self.timeout_s
+        return max(0.0, self._deadline - time.monotonic())
+
     def _left(self) -> float:
         """Seconds the operation in progress may still wait (`timeout_s` outside bounded())."""
         if self._deadline is None:

@@ -13,6 +13,8 @@ The learner's weight group with the rollouts is a separate group on its own TCPS
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 import logging
 import os
 import sys
@@ -26,7 +28,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from rlfleet.errors import RlfleetError, VersionMismatch, WeightSyncError
+from rlfleet.errors import Busy, RlfleetError, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult, TrainSample
 from services.learner.batching import validate_samples
 
@@ -212,7 +214,11 @@ class LearnerFront:
         # it does not wait for a step or a push (weight_groups.py: an Open replaces no group).
         return self.learner.open_weight_group(*args, **kwargs)
 
-    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "",
+                     exclusive: Callable[[float], AbstractContextManager] | None = None,
+                     ) -> dict[str, float | str]:
+        """`exclusive`: the service's one weight operation at a time, entered once the group's ranks
+        have all arrived (Learner.push_weights)."""
         with self._serial():
             self._check()
             hosted = self.learner.weight_groups.find(group)
@@ -228,12 +234,18 @@ class LearnerFront:
             except WeightSyncError:
                 self.learner.weight_groups.done(hosted, "failed")
                 raise
-            send_command(self.world, Op.PUSH, version, sender.bucket_bytes, int(sender.checksums),
-                         int(digest))
-            # A WeightSyncError (a rollout failed) leaves the ranks in step: rank 0 finished the gathers.
-            return self._run(lambda: self.learner.push_weights(version, digest=digest, group=hosted.address),
-                             "weight push",
-                             in_step=(WeightSyncError,))
+            try:
+                with (exclusive or (lambda wait_s: nullcontext()))(hosted.group.time_left()):
+                    send_command(self.world, Op.PUSH, version, sender.bucket_bytes, int(sender.checksums),
+                                 int(digest))
+                    # A WeightSyncError (a rollout failed) leaves the ranks in step: rank 0 finished the
+                    # gathers.
+                    return self._run(lambda: self.learner.push_weights(version, digest=digest,
+                                                                       group=hosted.address),
+                                     "weight push", in_step=(WeightSyncError,))
+            except Busy:  # another push held the service past this group's time: its ranks wait in vain
+                self.learner.weight_groups.done(hosted, "failed")
+                raise
 
     def save_checkpoint(self, step: int) -> Path:
         with self._serial():

@@ -21,6 +21,8 @@ one parameter at a time, in an order every rank derives from the same names: the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -167,7 +169,9 @@ class ShardedLearner(Learner):
         self.update = ShardedPolicyUpdate.like(self.update, self.optimizer, self.rank, self.world_size)
 
     # ---- weights --------------------------------------------------------------------------
-    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
+    def push_weights(self, version: int, digest: bool = False, group: str = "",
+                     exclusive: Callable[[float], AbstractContextManager] | None = None,
+                     ) -> dict[str, float | str]:
         """Rank 0: the sender gathers each parameter while it packs its bucket (see follow_push).
 
         When the push fails on the weight group (a rollout died), the other ranks are still
@@ -175,7 +179,7 @@ class ShardedLearner(Learner):
         ranks stay in step and a later push (on a rebuilt weight group) can succeed."""
         sender = self.weight_groups.find(group).sender
         try:
-            stats = super().push_weights(version, digest=False, group=group)
+            stats = super().push_weights(version, digest=False, group=group, exclusive=exclusive)
         except WeightSyncError:
             if sender is not None:
                 self._gather_from(self.gather_plan(version, sender.bucket_bytes, sender.checksums),

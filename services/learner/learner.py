@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import structlog
@@ -16,7 +18,7 @@ from rlfleet.algorithm import AlgorithmConfig
 from rlfleet import host_memory
 from rlfleet.config import LearnerConfig
 from rlfleet.devices import transfer_device, weight_backend, weight_checksums
-from rlfleet.errors import VersionMismatch, WeightSyncError
+from rlfleet.errors import VersionMismatch
 from rlfleet.profiling import StepProfiler
 from rlfleet.types import TrainBatch, TrainResult
 from rlfleet.weights import WeightGroup, WeightSender
@@ -35,6 +37,11 @@ from services.learner.update import build_policy_update
 from services.learner.weight_groups import HostedGroup, WeightGroups
 
 log = structlog.get_logger(__name__)
+
+
+def _alone(wait_s: float) -> AbstractContextManager:
+    """No service around the learner (tests, benchmarks): nothing else pushes at the same time."""
+    return nullcontext()
 
 
 class Learner:
@@ -163,29 +170,37 @@ class Learner:
         """The weights a rollout copy of the model must hold (rlfleet.weights.naming; LoRA merged)."""
         return policy_weights(self.model)
 
-    def push_weights(self, version: int, digest: bool = False, group: str = "") -> dict[str, float | str]:
-        """Pushes `version` to the group at address `group` (empty: the one opened last)."""
-        with self._lock:
-            hosted = self.weight_groups.take(group)
-            outcome = "untouched"
-            try:
-                if version != self.version:
-                    raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
-                start = time.perf_counter()
-                try:
-                    with hosted.group.bounded():  # one group timeout for the whole push (issue 32)
-                        hosted.group.connect()
-                        stats = hosted.sender.push(self.named_weights(), version)
-                except WeightSyncError:
-                    outcome = "failed"
-                    raise
-                outcome = "pushed"
-            finally:
-                self.weight_groups.done(hosted, outcome)
-            stats["seconds"] = time.perf_counter() - start
-            if digest:
-                stats["digest"] = weights_digest(self.named_weights())
+    def push_weights(self, version: int, digest: bool = False, group: str = "",
+                     exclusive: Callable[[float], AbstractContextManager] | None = None,
+                     ) -> dict[str, float | str]:
+        """Pushes `version` to the group at address `group` (empty: the one opened last).
+
+        The rendezvous (every rank of the group arriving) holds nothing of the learner's: neither the
+        model's lock nor `exclusive` (the service's one weight operation at a time, entered with the
+        group's time left once its ranks are all there). Anyone may open a group and push to it when no
+        token is set; such a push waits for ranks that never come, and while it held the learner the
+        run's own push was refused and its rollouts' pulls waited out their timeout (issue 42)."""
+        hosted = self.weight_groups.take(group)
+        outcome = "untouched"
+        try:
+            if version != self.version:
+                raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
+            start = time.perf_counter()
+            outcome = "failed"  # from here the ranks may wait for a transfer: a failure closes the group
+            with hosted.group.bounded():  # one group timeout for the whole push (issue 32)
+                hosted.group.connect()
+                with (exclusive or _alone)(hosted.group.time_left()), self._lock:
+                    if version != self.version:  # a step ran during the rendezvous
+                        raise VersionMismatch(f"push of version {version} asked, the learner moved on to "
+                                              f"{self.version} while the group's ranks arrived")
+                    stats = hosted.sender.push(self.named_weights(), version)
+                    outcome = "pushed"
+                    stats["seconds"] = time.perf_counter() - start
+                    if digest:
+                        stats["digest"] = weights_digest(self.named_weights())
             return stats
+        finally:
+            self.weight_groups.done(hosted, outcome)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:

@@ -90,8 +90,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def PushWeights(self, request, context):
         learner = self._ready()
         validate.version(request.version)
-        with self.weight_ops.hold("PushWeights"):
-            stats = learner.push_weights(request.version, digest=request.digest, group=request.group)
+        # The push slot is taken once the group's ranks have all arrived (Learner.push_weights): a push
+        # whose ranks never come (a stray one, to a group of its own) holds up no other (issue 42).
+        stats = learner.push_weights(request.version, digest=request.digest, group=request.group,
+                                     exclusive=lambda wait_s: self.weight_ops.hold("PushWeights", wait_s))
         self.metrics.weight_sync_seconds.labels(self.role).observe(stats["seconds"])
         return learner_pb2.PushWeightsResponse(version=request.version, bytes=int(stats.get("bytes", 0)),
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))

@@ -84,7 +84,7 @@ def test_node_example_passes_the_environment_check(node_example):
         stop_server(proc)
     assert check.returncode == 0, check.stdout + check.stderr[-2000:]
     # reflection is the one optional part it skips; no token configured: refusal not checked
-    assert "summary: 19 PASS, 0 FAIL, 2 N/A" in check.stdout, check.stdout
+    assert "summary: 20 PASS, 0 FAIL, 2 N/A" in check.stdout, check.stdout
     assert re.search(r"reflection \(optional\) +N/A", check.stdout)
     assert re.search(r"NOT_SERVING on SIGTERM \(--stop\) +PASS", check.stdout)
 
@@ -98,7 +98,7 @@ def test_the_python_environment_server_says_not_serving_on_sigterm():
     finally:
         stop_server(proc)
     assert check.returncode == 0, check.stdout + check.stderr[-2000:]
-    assert "summary: 20 PASS, 0 FAIL, 1 N/A" in check.stdout, check.stdout  # N/A: token refusal
+    assert "summary: 21 PASS, 0 FAIL, 1 N/A" in check.stdout, check.stdout  # N/A: token refusal
 
 
 def test_check_fails_an_environment_that_breaks_the_contract(tmp_path):

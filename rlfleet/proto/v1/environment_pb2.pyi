@@ -128,11 +128,13 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("name", "description", "tools")
+    __slots__ = ("name", "description", "tools", "contract_revision")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CONTRACT_REVISION_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ...) -> None: ...
+    contract_revision: int
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., contract_revision: _Optional[int] = ...) -> None: ...
