@@ -23,6 +23,7 @@ from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
 from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
 from rlfleet.config import JobConfig
+from rlfleet.cpu_threads import share_of_cores
 from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.rpc.service_main import LOAD_FAILED_EXIT, PARENT_PID_ENV, read_load_error
 
@@ -94,10 +95,8 @@ class Launcher:
         self._shutdown_lock = threading.Lock()
 
     def _threads(self) -> int:
-        if self.cfg.run.threads_per_service:
-            return self.cfg.run.threads_per_service
-        # The rollout and the learner are the busy ones; give each half the cores.
-        return max(1, (os.cpu_count() or 2) // 2)
+        # The rollout and the learner are the busy ones; each gets half the cores (rlfleet/cpu_threads.py).
+        return self.cfg.run.threads_per_service or share_of_cores()
 
     def start_services(self) -> dict[str, str]:
         self.spawn_services()

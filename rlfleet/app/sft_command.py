@@ -151,11 +151,23 @@ def _plan(args: argparse.Namespace, cfg, rank0: bool, val_files: list[Path]):
     if rank0:
         print(f"rlfleet: sft on {len(examples)} examples from {', '.join(Path(f).name for f in args.data)}"
               f"{f' ({too_long} longer than {max_length} tokens left out)' if too_long else ''}: "
-              f"{max_steps} steps of {args.batch_size}", flush=True)
+              f"{max_steps} steps of {args.batch_size}{_cpu_threads(cfg.learner.device)}", flush=True)
     return SftPlan(output=Path(args.output), model_path=model_path, examples=examples,
                    batch_size=args.batch_size, max_steps=max_steps, eval_every=args.eval_every,
                    save_every=args.save_every, val_files=val_files, prompt_key=prompt_key,
                    max_length=max_length)
+
+
+def _cpu_threads(device: str) -> str:
+    """The start line's note of the torch threads, on the CPU (rlfleet/cpu_threads.py picks them)."""
+    import torch
+
+    from rlfleet.devices import runs_on_cpu
+
+    if not runs_on_cpu(device):
+        return ""
+    threads = torch.get_num_threads()
+    return f" on {threads} CPU thread{'s' if threads > 1 else ''} (OMP_NUM_THREADS=N sets them)"
 
 
 def _train(args: argparse.Namespace, cfg, world) -> int:
