@@ -10,7 +10,7 @@ import pytest
 
 from rlfleet.cpu_threads import ENV, share_of_cores
 from rlfleet.data.tasks import write_parquet
-from tests.e2e.conftest import REPO
+from tests.e2e.conftest import REPO, rlfleet
 
 pytestmark = pytest.mark.e2e
 
@@ -35,3 +35,18 @@ def test_sft_on_the_cpu_computes_with_the_services_share_of_the_cores(tmp_path: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     threads = share_of_cores()
     assert f"1 steps of 4 on {threads} CPU thread" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("key, extra", [("data.train_files", []),
+                                        ("data.val_files", ["controller.eval_every=5"])])
+def test_a_missing_data_file_is_refused_before_the_earlier_run_is_moved_aside(tmp_path: Path, key: str,
+                                                                              extra: list[str]) -> None:
+    earlier = tmp_path / "outputs" / "default"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text('{"step": 1}\n')
+    missing = tmp_path / "no-such.parquet"
+    proc = rlfleet("run", f"run.output_dir={tmp_path / 'outputs'}", f"{key}=[{missing}]", *extra, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"{missing}" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["default"], proc.stdout
+    assert (earlier / "metrics.jsonl").read_text() == '{"step": 1}\n'
