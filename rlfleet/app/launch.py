@@ -307,20 +307,22 @@ def stopping_line(last_step: int | None) -> str:
 
 
 def run_job(cfg: JobConfig) -> dict[str, Any]:
-    from controller.main import prepare_data, prompt_length_limit, run_controller
+    from controller.main import check_data_files, prepare_data, prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
     from rlfleet.models.resolve import resolve_model_path
 
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
+    # Inputs first, outputs after: a missing file or a bad model fails before an earlier run's folder is
+    # moved aside. Build the embedded model once, before the services race for it; lengths that cannot
+    # fit the model's context fail here, before any service starts.
+    check_data_files(cfg)
+    prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if not cfg.controller.resume and cfg.learner.resume_from is None:
         moved = set_aside_earlier_run(cfg.run.dir)
         if moved is not None:
             print(f"rlfleet: the earlier outputs of run {cfg.run.name} moved to {moved} (a fresh run; "
                   "controller.resume=latest continues one instead)", flush=True)
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
-    # Build the embedded model once, before the services race for it; lengths that cannot fit the
-    # model's context fail here, before any service starts.
-    prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     verdicts = None
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
         verdicts = resolve_local_resume(cfg)
