@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 
 from rlfleet.cpu_threads import ENV, share_of_cores
 from rlfleet.data.tasks import write_parquet
-from tests.e2e.conftest import REPO, rlfleet
+from tests.e2e.conftest import REPO, read_jsonl, rlfleet
+from tests.e2e.stream_lines import StreamLines
 
 pytestmark = pytest.mark.e2e
 
@@ -50,3 +52,51 @@ def test_a_missing_data_file_is_refused_before_the_earlier_run_is_moved_aside(tm
     assert f"{missing}" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["default"], proc.stdout
     assert (earlier / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_sft_stopped_by_ctrl_c_checkpoints_its_last_step_and_resumes_from_it(tmp_path: Path) -> None:
+    train = write_parquet(tmp_path / "train.parquet", 12, seed=0, split="train")
+    out = tmp_path / "sft"
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "sft", "--data", str(train), "--output",
+                             str(out), "--max-steps", "100000", *SFT], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stdout, stderr = StreamLines(proc.stdout), StreamLines(proc.stderr)
+    try:
+        stdout.wait_for("sft step    2/", timeout_s=300, alive=lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, stderr.rest()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    printed = stdout.rest()
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (out / "checkpoints").iterdir())
+    assert len(steps) == 1 and steps[0] >= 2, printed  # the last finished step, saved on the way out
+    last = steps[0]
+    assert f"sft stopped after step {last}: checkpoint {out / 'checkpoints' / f'step_{last}'} written; " \
+           "--resume latest continues it" in printed, printed
+    assert "interrupted (stopped by SIGINT)" in stderr.rest() and "Traceback" not in stderr.rest()
+    assert not (out / "model").exists()  # the trained model is written only by a finished run
+
+    resumed = rlfleet("sft", "--data", str(train), "--output", str(out), "--max-steps", str(last + 1),
+                      "--resume", "latest", *SFT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"sft resumed from {out / 'checkpoints' / f'step_{last}'} (step {last}" in resumed.stdout
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(1, last + 2))
+
+
+def test_sft_stopped_before_any_checkpoint_says_how_to_start_again(tmp_path: Path) -> None:
+    # A second Ctrl-C stops at once: the folder may hold metric lines and no checkpoint.
+    train = write_parquet(tmp_path / "train.parquet", 12, seed=0, split="train")
+    out = tmp_path / "sft"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "sft/loss": 3.0}\n')
+    latest = rlfleet("sft", "--data", str(train), "--output", str(out), "--max-steps", "1", "--resume",
+                     "latest", *SFT)
+    assert latest.returncode == 2, latest.stderr[-3000:]
+    assert "--resume auto" in latest.stderr and len(latest.stderr.strip().splitlines()) == 1, latest.stderr
+    auto = rlfleet("sft", "--data", str(train), "--output", str(out), "--max-steps", "1", "--resume", "auto",
+                   *SFT)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert "no checkpoint to resume from: sft starts fresh (1 earlier metric line dropped)" in auto.stdout
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1]
