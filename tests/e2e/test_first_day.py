@@ -100,3 +100,25 @@ def test_sft_stopped_before_any_checkpoint_says_how_to_start_again(tmp_path: Pat
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert "no checkpoint to resume from: sft starts fresh (1 earlier metric line dropped)" in auto.stdout
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1]
+
+
+def test_commands_print_their_own_lines_not_rpc_debug_lines_or_progress_bars(tmp_path: Path) -> None:
+    traces = rlfleet("data", "traces", "--env", "calculator", "--task", "arithmetic", "--rows", "8",
+                     "--instruction", "", "--tools-in-prompt", "false", "--output",
+                     str(tmp_path / "t.parquet"))
+    assert traces.returncode == 0, traces.stderr[-3000:]
+    # the environment server and client run in the process: their per-RPC debug lines were on stdout
+    printed = traces.stdout.splitlines()
+    assert printed == [ln for ln in printed if ln.startswith("rlfleet: ")] and traces.stderr == "", printed
+    test = tmp_path / "test.parquet"
+    assert rlfleet("data", "arithmetic", "--output", str(test), "--split", "test", "--rows", "2",
+                   "--max-operands", "2", "--instruction", "").returncode == 0
+    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "env.name=calculator",
+                 "env.tools_in_prompt=false", "rollout.max_turns=2", "rollout.max_new_tokens=8",
+                 "rollout.device=cpu")
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert "rpc done" not in ev.stdout + ev.stderr and "Loading weights" not in ev.stderr, ev.stdout
+    train = write_parquet(tmp_path / "train.parquet", 4, seed=0, split="train")
+    sft = rlfleet("sft", "--data", str(train), "--output", str(tmp_path / "sft"), "--max-steps", "1", *SFT)
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    assert "Loading weights" not in sft.stderr and "Writing model shards" not in sft.stderr, sft.stderr
