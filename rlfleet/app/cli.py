@@ -14,6 +14,7 @@ from rlfleet.app.interrupt import Interrupted, StopOnSignal
 from rlfleet.cpu_threads import limit_threads
 from rlfleet.data import command as data_command
 from rlfleet.errors import FleetRefused, RlfleetError
+from rlfleet.logging import setup_command_logging
 from rlfleet.models import command as model_command
 
 
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `rlfleet sft` restarts itself under torchrun
     if args.command in COMPUTING_COMMANDS:
         limit_threads()
+        setup_command_logging(args.command)
     try:
         code = dispatch(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
