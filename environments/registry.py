@@ -1,6 +1,7 @@
 """Built-in environments by name; `pkg.module:Class` loads any other."""
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
@@ -19,8 +20,9 @@ def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environ
     path = BUILTIN.get(spec, spec)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
+        close = difflib.get_close_matches(spec.replace("-", "_"), list(BUILTIN), n=1, cutoff=0.6)
         raise ConfigError(f"environment {spec!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) "
-                          "nor pkg.module:Class")
+                          "nor pkg.module:Class" + (f" (did you mean {close[0]!r}?)" if close else ""))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
