@@ -13,6 +13,7 @@ from rlfleet.cpu_threads import ENV, share_of_cores
 from rlfleet.data.tasks import write_parquet
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
 from tests.e2e.stream_lines import StreamLines
+from tests.free_ports import port_for_later
 
 pytestmark = pytest.mark.e2e
 
@@ -122,3 +123,22 @@ def test_commands_print_their_own_lines_not_rpc_debug_lines_or_progress_bars(tmp
     sft = rlfleet("sft", "--data", str(train), "--output", str(tmp_path / "sft"), "--max-steps", "1", *SFT)
     assert sft.returncode == 0, sft.stderr[-3000:]
     assert "Loading weights" not in sft.stderr and "Writing model shards" not in sft.stderr, sft.stderr
+
+
+def test_an_openenv_address_that_is_down_is_named_refused_at_once_and_while_waiting(tmp_path: Path) -> None:
+    address = f"http://127.0.0.1:{port_for_later()}"  # nothing listens there
+    check = rlfleet("env", "check", address, "--timeout", "5")
+    assert check.returncode != 0
+    assert "connection refused" in check.stdout.lower(), check.stdout
+
+    test = tmp_path / "test.parquet"
+    assert rlfleet("data", "arithmetic", "--output", str(test), "--split", "test", "--rows", "2",
+                   "--instruction", "").returncode == 0
+    # the gRPC path says what it waits for every few seconds; the OpenEnv one was silent for its timeout
+    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "env.kind=openenv",
+                 f"env.address={address}", "controller.connect_timeout_s=10")
+    assert ev.returncode == 2, ev.stderr[-3000:]
+    said = f"rlfleet: waiting for the OpenEnv server at {address}: "
+    waiting = [ln for ln in ev.stderr.splitlines() if ln.startswith(said)]
+    assert waiting and "connection refused" in waiting[0].lower(), ev.stderr
+    assert "connection refused" in ev.stderr.splitlines()[-1].lower(), ev.stderr
