@@ -142,3 +142,38 @@ def test_an_openenv_address_that_is_down_is_named_refused_at_once_and_while_wait
     waiting = [ln for ln in ev.stderr.splitlines() if ln.startswith(said)]
     assert waiting and "connection refused" in waiting[0].lower(), ev.stderr
     assert "connection refused" in ev.stderr.splitlines()[-1].lower(), ev.stderr
+
+
+def test_status_of_a_run_that_failed_at_the_start_says_it_failed_and_why(tmp_path: Path) -> None:
+    run = rlfleet("run", f"run.output_dir={tmp_path}", "controller.max_steps=1", "rollout.device=cuda:7")
+    assert run.returncode == 2 and "failed while loading" in run.stderr, run.stderr[-3000:]
+    status = rlfleet("status", str(tmp_path / "default"))
+    assert status.returncode == 1
+    # not "stopped after step 0; controller.resume=latest continues it": a resume would fail the same way
+    said = "rlfleet: run default failed before its first step: the rollout service "
+    assert status.stdout.startswith(said), status.stdout
+    assert "failed while loading" in status.stdout and "resume" not in status.stdout, status.stdout
+
+
+def test_status_says_finished_while_the_finished_run_stops_its_services(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={tmp_path}",
+                             "controller.max_steps=2", "controller.prompts_per_step=2", "rollout.n=2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout = StreamLines(proc.stdout)
+    frozen = False
+    try:
+        # The run says it finished before it stops its services (seconds, during which every service row
+        # read UNREACHABLE and status exited 1). Frozen there (SIGSTOP), it holds that moment for status.
+        stdout.wait_for("rlfleet: run default finished: step 2/2; stopping the services", timeout_s=300,
+                        alive=lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGSTOP)
+        frozen = True
+        status = rlfleet("status", str(tmp_path / "default"))
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.startswith("rlfleet: run default finished: step 2/2"), status.stdout
+    finally:
+        if frozen:
+            proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.wait(timeout=120)
+    assert proc.returncode == 0, stdout.rest()
