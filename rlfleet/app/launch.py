@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.app.run_end import FAILED, FINISHED, STOPPED, clear_end, record_end
 from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
 from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
@@ -306,6 +307,14 @@ def stopping_line(last_step: int | None) -> str:
             "stop at once)")
 
 
+def ending_line(cfg: JobConfig, step: int) -> str:
+    """What a run that ended by itself says before it stops its services."""
+    name, max_steps = cfg.run.name, cfg.controller.max_steps
+    if step >= max_steps:
+        return f"rlfleet: run {name} finished: step {step}/{max_steps}; stopping the services"
+    return f"rlfleet: run {name} ended after step {step} of {max_steps}; stopping the services"
+
+
 def run_job(cfg: JobConfig) -> dict[str, Any]:
     from controller.main import check_data_files, prepare_data, prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
@@ -326,6 +335,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     verdicts = None
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
         verdicts = resolve_local_resume(cfg)
+    clear_end(cfg.run.dir)  # an earlier end of this folder's run no longer holds
     launcher = Launcher(cfg, checkpoint_verdicts=verdicts)
     finished = threading.Event()
     last_step: list[int] = []  # the steps this process finished (the newest last)
@@ -347,17 +357,32 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
             summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive, data=data,
                                      on_step=step_done)
-        except RlfleetError:
+            # said (and recorded for `rlfleet status`) before the services stop, which takes seconds
+            if signals.received is not None:
+                record_end(cfg.run.dir, STOPPED)
+            elif launcher.failure is None:
+                record_end(cfg.run.dir, FINISHED)
+                print(ending_line(cfg, last_step[-1] if last_step else 0), flush=True)
+        except RlfleetError as exc:
             if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
                 dead = launcher.dead_child()
+                record_end(cfg.run.dir, FAILED, dead or str(exc))
                 if dead:
                     raise RlfleetError(dead) from None
+            else:
+                record_end(cfg.run.dir, STOPPED)
+            raise
+        except BaseException as exc:  # a second Ctrl-C (KeyboardInterrupt), or a bug
+            interrupted = signals.received is not None or isinstance(exc, KeyboardInterrupt)
+            record_end(cfg.run.dir, STOPPED if interrupted else FAILED,
+                       None if interrupted else f"{type(exc).__name__}: {exc}")
             raise
         finally:
             launcher.shutdown()
             finished.set()
     if launcher.failure:
+        record_end(cfg.run.dir, FAILED, launcher.failure)
         raise RlfleetError(launcher.failure)
     print(f"rlfleet: done; metrics in {cfg.run.dir / 'metrics.jsonl'}", flush=True)
     return summary
