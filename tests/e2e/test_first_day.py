@@ -177,3 +177,15 @@ def test_status_says_finished_while_the_finished_run_stops_its_services(tmp_path
         if proc.poll() is None:
             proc.wait(timeout=120)
     assert proc.returncode == 0, stdout.rest()
+
+
+def test_an_unknown_environment_is_refused_before_the_earlier_run_is_moved_aside(tmp_path: Path) -> None:
+    earlier = tmp_path / "outputs" / "default"
+    earlier.mkdir(parents=True)
+    (earlier / "metrics.jsonl").write_text('{"step": 1}\n')
+    proc = rlfleet("run", f"run.output_dir={tmp_path / 'outputs'}", "env.name=calculater", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "rlfleet: error: environment 'calculater' is neither a built-in (calculator, digits_game, python) "
+        "nor pkg.module:Class (did you mean 'calculator'?)"), proc.stderr
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["default"], proc.stdout
