@@ -15,8 +15,9 @@ BUILTIN = {
 }
 
 
-def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environment:
-    """An Environment instance from a built-in name or `pkg.module:Class` (constructed with `params`)."""
+def environment_class(spec: str) -> Any:
+    """What a built-in name or `pkg.module:Class` names, imported (not constructed): `rlfleet run` asks
+    before it touches the run folder, so a misspelt name fails in a second."""
     path = BUILTIN.get(spec, spec)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
@@ -30,6 +31,12 @@ def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environ
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"environment {spec!r}: {module_name} has no {attr}")
+    return cls
+
+
+def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environment:
+    """An Environment instance from a built-in name or `pkg.module:Class` (constructed with `params`)."""
+    cls = environment_class(spec)
     try:
         env = cls(**(params or {})) if isinstance(cls, type) else cls
     except TypeError as exc:

@@ -325,6 +325,10 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     # moved aside. Build the embedded model once, before the services race for it; lengths that cannot
     # fit the model's context fail here, before any service starts.
     check_data_files(cfg)
+    if cfg.env.name and not cfg.env.address:  # served by this run: a name that names nothing fails now
+        from environments.registry import environment_class
+
+        environment_class(cfg.env.name)
     prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if not cfg.controller.resume and cfg.learner.resume_from is None:
         moved = set_aside_earlier_run(cfg.run.dir)
