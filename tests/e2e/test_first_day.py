@@ -1,6 +1,7 @@
 """The rough edges of a first day (issue 43): what a new user meets on the CPU with the tiny model."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -114,7 +115,8 @@ def test_commands_print_their_own_lines_not_rpc_debug_lines_or_progress_bars(tmp
     test = tmp_path / "test.parquet"
     assert rlfleet("data", "arithmetic", "--output", str(test), "--split", "test", "--rows", "2",
                    "--max-operands", "2", "--instruction", "").returncode == 0
-    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "env.name=calculator",
+    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "--output", str(tmp_path / "ev.json"),
+                 "env.name=calculator",
                  "env.tools_in_prompt=false", "rollout.max_turns=2", "rollout.max_new_tokens=8",
                  "rollout.device=cpu")
     assert ev.returncode == 0, ev.stderr[-3000:]
@@ -189,3 +191,25 @@ def test_an_unknown_environment_is_refused_before_the_earlier_run_is_moved_aside
         "rlfleet: error: environment 'calculater' is neither a built-in (calculator, digits_game, python) "
         "nor pkg.module:Class (did you mean 'calculator'?)"), proc.stderr
     assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["default"], proc.stdout
+
+
+def test_a_restarted_service_is_announced_once(tmp_path: Path) -> None:
+    # The console said each death and each restart twice: rlfleet's line and the same as a log warning.
+    proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={tmp_path}",
+                             "controller.max_steps=8", "controller.prompts_per_step=2", "rollout.n=2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = StreamLines(proc.stdout), StreamLines(proc.stderr)
+    try:
+        stdout.wait_for("step    2/8", timeout_s=300, alive=lambda: proc.poll() is None)
+        pid = json.loads((tmp_path / "default" / "services" / "reward.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)  # steps 3-8 need it scored: the run restarts it to finish
+        assert proc.wait(timeout=300) == 0, stderr.rest()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = stderr.rest().splitlines()
+    died = [ln for ln in lines if "restarting" in ln]
+    assert len(died) == 1 and f"(pid {pid}) was killed" in died[0] and "restarting it (1/3)" in died[0], lines
+    restarted = [ln for ln in lines if "restarted the" in ln or "service restarted" in ln]
+    assert len(restarted) == 1 and restarted[0].startswith("rlfleet: restarted the reward service"), lines
