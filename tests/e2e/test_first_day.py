@@ -115,8 +115,8 @@ def test_commands_print_their_own_lines_not_rpc_debug_lines_or_progress_bars(tmp
     test = tmp_path / "test.parquet"
     assert rlfleet("data", "arithmetic", "--output", str(test), "--split", "test", "--rows", "2",
                    "--max-operands", "2", "--instruction", "").returncode == 0
-    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "--output", str(tmp_path / "ev.json"),
-                 "env.name=calculator",
+    ev = rlfleet("eval", "--model", "builtin:tiny", "--data", str(test), "--output",
+                 str(tmp_path / "ev.json"), "env.name=calculator",
                  "env.tools_in_prompt=false", "rollout.max_turns=2", "rollout.max_new_tokens=8",
                  "rollout.device=cpu")
     assert ev.returncode == 0, ev.stderr[-3000:]
