@@ -3,7 +3,10 @@ that compute in their own process (`rlfleet sft`, `eval`, `data`, `model import`
 
 torch starts one OpenMP thread per core, and its threads spin while they wait for each other: on a
 shared 2-core machine with other work running, an SFT step of the tiny model took ~10 s (181 tok/s)
-with torch's default and ~1.5 s (2,337 tok/s) with one thread (issue 43). A run gives each of its busy
+with torch's default and ~1.5 s (2,337 tok/s) with one thread (issue 43). Measured again (2026-12-05,
+2 cores, 2 threads = torch's default vs 1 = this share): with two other busy processes, 30 SFT steps of
+the tiny model 46-57 s vs 14-16 s of wall time and a calculator `rlfleet eval` of 16 episodes 25-30 s vs
+14-17 s; alone, one thread costs (0.083 vs 0.134 s per SFT step). A run gives each of its busy
 services (rollout, learner) half the cores; a command takes the same share, so it leaves room for the
 rest of the machine. OMP_NUM_THREADS, when set, is the user's choice and wins.
 
