@@ -20,7 +20,8 @@
 #                generation calls STEPS (e.g. 8,9) traced by torch.profiler (rlfleet/profiling.py):
 #                $OUT/inservice-S.tgz (tables and Chrome traces), the top of each table printed
 #   "trl N [fast] [noeval]"  bench/gsm8k_trl.py on the same job for N steps (saving the model at the end), then
-#                rlfleet eval (unless noeval); `fast`: TRL's fastest configuration here (gsm8k_trl.py --fast);
+#                rlfleet eval (unless noeval); `fast`: TRL's fastest configuration here (gsm8k_trl.py --fast); the
+#                flags in any order, the arm named trl or trl-fast;
 #                $OUT/trl[-fast]_steps.jsonl and the median s/step printed
 #   profile      bench/onegpu_profile.py: decode (graphs, compiled, compiled without finished-row compaction)
 #                and learner variants on the real job
@@ -473,15 +474,22 @@ phase() {
       "$py" bench/step_times.py "$d/metrics-$name.jsonl" --first 3
       for k in "$d"/*.txt; do [ -f "$k" ] && head -32 "$k" | cut -c1-150; done
       tar czf "$out/inservice-s$2.tgz" -C "$work" "prof-s$2" ;;
-    trl)  # trl N [fast] [noeval]
-      local arm=trl${3:+-$3} fast=()
-      [ "${3:-}" = fast ] && fast=(--fast)
+    trl)  # trl N [fast] [noeval], the flags in any order: the arm is trl or trl-fast, noeval names no arm
+      local arm=trl fast=() noeval=0 flag
+      for flag in "${@:3}"; do
+        case $flag in
+          fast) arm=trl-fast; fast=(--fast) ;;
+          noeval) noeval=1 ;;
+          *) echo "trl: unknown flag $flag (fast, noeval)"; return 1 ;;
+        esac
+      done
+      if [ "$noeval" = 1 ]; then echo "trl: arm $arm, no evaluation (noeval)"; else echo "trl: arm $arm, then rlfleet eval"; fi
       rm -rf "$work/$arm"
       timeout "$(left 30)" "$py" bench/gsm8k_trl.py "${job[@]}" --out "$work/$arm" --max-steps "$2" "${trl_micro[@]}" \
         "${fast[@]}" 2>&1 | quiet | tail -4
       cp "$work/$arm/trl_steps.jsonl" "$out/${arm}_steps.jsonl"
       "$py" -c "import json,statistics,sys; t=[json.loads(l)['t'] for l in open(sys.argv[1])]; d=[b-a for a,b in zip(t,t[1:])][4:]; print(sys.argv[2], len(t), 'steps, median s/step after step 5:', round(statistics.median(d),3) if d else '-')" "$out/${arm}_steps.jsonl" "$arm"
-      [ "${4:-}" = noeval ] || rlfleet eval "${job[@]}" --model "$work/$arm/model" --output "$out/${arm}_eval.json" 2>&1 \
+      [ "$noeval" = 1 ] || rlfleet eval "${job[@]}" --model "$work/$arm/model" --output "$out/${arm}_eval.json" 2>&1 \
         | quiet | tail -4 ;;
     calculator) calculator "${@:2}" ;;
     parity)  # parity N SEEDS [EVERY]: S=0 and TRL, SEEDS each, all at once

@@ -12,7 +12,7 @@ import structlog
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource, load_prompts
 from rlfleet.data.tasks import write_parquet
-from rlfleet.errors import CheckpointError
+from rlfleet.errors import CheckpointError, DataError
 from rlfleet.models.context import resolve_prompt_length
 from rlfleet.models.identity import architecture, model_summary
 from rlfleet.models.prompt_tokenizer import load_prompt_tokenizer
@@ -44,6 +44,18 @@ def train_files(cfg: JobConfig) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_parquet(path, cfg.data.builtin_size, cfg.run.seed)
     return [path]
+
+
+def check_data_files(cfg: JobConfig) -> None:
+    """Every data file the run will read exists: data.train_files, and data.val_files when
+    controller.eval_every reads them. `rlfleet run` asks before it touches the run folder."""
+    keys = [("data.train_files", cfg.data.train_files)]
+    if cfg.controller.eval_every:
+        keys.append(("data.val_files", cfg.data.val_files))
+    for key, files in keys:
+        for f in files:
+            if not Path(f).is_file():
+                raise DataError(f"data file {f} ({key}) does not exist")
 
 
 def prompt_length_limit(cfg: JobConfig, model_dir: Path) -> int:

@@ -1,6 +1,7 @@
 """Built-in environments by name; `pkg.module:Class` loads any other."""
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
@@ -14,13 +15,15 @@ BUILTIN = {
 }
 
 
-def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environment:
-    """An Environment instance from a built-in name or `pkg.module:Class` (constructed with `params`)."""
+def environment_class(spec: str) -> Any:
+    """What a built-in name or `pkg.module:Class` names, imported (not constructed): `rlfleet run` asks
+    before it touches the run folder, so a misspelt name fails in a second."""
     path = BUILTIN.get(spec, spec)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
+        close = difflib.get_close_matches(spec.replace("-", "_"), list(BUILTIN), n=1, cutoff=0.6)
         raise ConfigError(f"environment {spec!r} is neither a built-in ({', '.join(sorted(BUILTIN))}) "
-                          "nor pkg.module:Class")
+                          "nor pkg.module:Class" + (f" (did you mean {close[0]!r}?)" if close else ""))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -28,6 +31,12 @@ def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environ
     cls = getattr(module, attr, None)
     if cls is None:
         raise ConfigError(f"environment {spec!r}: {module_name} has no {attr}")
+    return cls
+
+
+def load_environment(spec: str, params: dict[str, Any] | None = None) -> Environment:
+    """An Environment instance from a built-in name or `pkg.module:Class` (constructed with `params`)."""
+    cls = environment_class(spec)
     try:
         env = cls(**(params or {})) if isinstance(cls, type) else cls
     except TypeError as exc:

@@ -45,6 +45,10 @@ VERL_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
     "actor_rollout_ref.rollout.max_model_len": "rollout.max_model_len",
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": "rollout.max_turns",
+    "actor_rollout_ref.rollout.multi_turn.enable": "env.name or env.address (an environment makes episodes "
+                                                   "multi-turn)",
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": "env.name or env.address (the tools are an "
+                                                             "environment server's)",
     "actor_rollout_ref.rollout.val_kwargs.n": "controller.eval_n",
     "data.train_batch_size": "controller.prompts_per_step",
     "data.max_response_length": "rollout.max_new_tokens",
@@ -80,13 +84,18 @@ def leaf_keys(value: Any, prefix: str) -> list[str]:
 
 def describe_unknown_key(key: str, value: Any, known: list[str]) -> str:
     """The error line for the unknown key `key` (its value `value`); `known`: every rlfleet key, dotted."""
-    verl = [(leaf, VERL_KEYS[leaf]) for leaf in leaf_keys(value, key) if leaf in VERL_KEYS]
-    if len(verl) == 1:
+    leaves = leaf_keys(value, key)
+    verl = [(leaf, VERL_KEYS[leaf]) for leaf in leaves if leaf in VERL_KEYS]
+    unmapped = [leaf for leaf in leaves if leaf not in VERL_KEYS]
+    if len(verl) == 1 and not unmapped:
         return f"unknown config key {verl[0][0]!r}: verl's name for {verl[0][1]} (the whole table: {GUIDE})"
     if verl:
         named = "; ".join(f"{leaf} is {ours}" for leaf, ours in verl[:3])
         more = f" (and {len(verl) - 3} more)" if len(verl) > 3 else ""
-        return f"unknown config key {key!r}: verl's keys; in rlfleet {named}{more} (the whole table: {GUIDE})"
+        rest = (f"; no rlfleet key for {', '.join(unmapped[:3])}{' and more' if len(unmapped) > 3 else ''}"
+                if unmapped else "")
+        return (f"unknown config key {key!r}: verl's keys; in rlfleet {named}{more}{rest} (the whole table: "
+                f"{GUIDE})")
     if key.split(".")[0] in VERL_SECTIONS:
         return f"unknown config key {key!r}: a verl section; rlfleet's names for verl's keys are in {GUIDE}"
     section, _, name = key.rpartition(".")

@@ -9,6 +9,7 @@ structlog's contextvars by the RPC layer and the training loop.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,11 @@ def setup_logging(service: str, level: str = "info", log_file: Path | None = Non
         handler.setLevel(max(_LEVELS[level], logging.WARNING) if log_file else _LEVELS[level])
         root.addHandler(handler)
     return structlog.get_logger(service)
+
+
+def setup_command_logging(command: str) -> None:
+    """A command that computes in its own process (`rlfleet sft`, `eval`, `data traces`, …) prints its own
+    lines; what it runs in-process (an environment server and its client, the learner, transformers)
+    writes only warnings and errors, to stderr: not a debug line per RPC nor a progress bar per model load."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers is imported
+    setup_logging(command, "warning", None)

@@ -35,7 +35,9 @@ FILE_SECONDS = {
     "tests/e2e/test_lifecycle.py": 62,
     "tests/e2e/test_run.py": 61,
     "tests/e2e/test_env_failures.py": 59,
+    "tests/e2e/test_first_day.py": 55,  # this and the next: measured alone (-p no:xdist), 2026-12-05
     "tests/vllm/test_vllm_engine.py": 53,
+    "tests/e2e/test_first_day_page.py": 39,
     "tests/service/test_weight_rpc_stall.py": 32,
     "tests/service/test_fleet_join_reconnect.py": 31,
     "tests/e2e/test_fsdp_learner.py": 30,

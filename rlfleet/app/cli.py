@@ -11,8 +11,10 @@ import threading
 
 from rlfleet.app import config_show, eval_command, fleet_cli, health_cli, plot, samples_cli, sft_command
 from rlfleet.app.interrupt import Interrupted, StopOnSignal
+from rlfleet.cpu_threads import limit_threads
 from rlfleet.data import command as data_command
 from rlfleet.errors import FleetRefused, RlfleetError
+from rlfleet.logging import setup_command_logging
 from rlfleet.models import command as model_command
 
 
@@ -23,6 +25,9 @@ REFUSED_EXIT = 78  # = rlfleet.rpc.service_main.LOAD_FAILED_EXIT (sysexits' EX_C
 # (~0.25 s of collecting left). The young generations are collected as before, so short-lived cycles
 # are still freed at once; the old ones, which grow by loading, are scanned rarely.
 FULL_COLLECTION_AFTER = 100
+# The commands that compute in their own process: their torch threads are chosen as the services' are
+# (rlfleet/cpu_threads.py). `run` and `serve` hand each service its count themselves.
+COMPUTING_COMMANDS = frozenset({"sft", "eval", "data", "model", "build-model"})
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -194,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `rlfleet sft` restarts itself under torchrun
+    if args.command in COMPUTING_COMMANDS:
+        limit_threads()
+        setup_command_logging(args.command)
     try:
         code = dispatch(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit

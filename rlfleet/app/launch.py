@@ -20,10 +20,12 @@ from typing import Any
 
 from rlfleet.app.interrupt import StopOnSignal
 from rlfleet.app.progress import StepProgress
+from rlfleet.app.run_end import FAILED, FINISHED, STOPPED, clear_end, record_end
 from rlfleet.app.serve import ROLES
 from rlfleet.app.supervisor import Supervisor
 from rlfleet.checkpoint_files import VERDICTS_ENV, DigestChecks
 from rlfleet.config import JobConfig
+from rlfleet.cpu_threads import share_of_cores
 from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.rpc.service_main import LOAD_FAILED_EXIT, PARENT_PID_ENV, read_load_error
 
@@ -95,10 +97,8 @@ class Launcher:
         self._shutdown_lock = threading.Lock()
 
     def _threads(self) -> int:
-        if self.cfg.run.threads_per_service:
-            return self.cfg.run.threads_per_service
-        # The rollout and the learner are the busy ones; give each half the cores.
-        return max(1, (os.cpu_count() or 2) // 2)
+        # The rollout and the learner are the busy ones; each gets half the cores (rlfleet/cpu_threads.py).
+        return self.cfg.run.threads_per_service or share_of_cores()
 
     def start_services(self) -> dict[str, str]:
         self.spawn_services()
@@ -296,24 +296,39 @@ def stopping_line(last_step: int | None) -> str:
             "stop at once)")
 
 
+def ending_line(cfg: JobConfig, step: int) -> str:
+    """What a run that ended by itself says before it stops its services."""
+    name, max_steps = cfg.run.name, cfg.controller.max_steps
+    if step >= max_steps:
+        return f"rlfleet: run {name} finished: step {step}/{max_steps}; stopping the services"
+    return f"rlfleet: run {name} ended after step {step} of {max_steps}; stopping the services"
+
+
 def run_job(cfg: JobConfig) -> dict[str, Any]:
-    from controller.main import prepare_data, prompt_length_limit, run_controller
+    from controller.main import check_data_files, prepare_data, prompt_length_limit, run_controller
     from rlfleet.logging import setup_logging
     from rlfleet.models.resolve import resolve_model_path
 
     print(f"rlfleet: run {cfg.run.name} -> {cfg.run.dir}", flush=True)
+    # Inputs first, outputs after: a missing file or a bad model fails before an earlier run's folder is
+    # moved aside. Build the embedded model once, before the services race for it; lengths that cannot
+    # fit the model's context fail here, before any service starts.
+    check_data_files(cfg)
+    if cfg.env.name and not cfg.env.address:  # served by this run: a name that names nothing fails now
+        from environments.registry import environment_class
+
+        environment_class(cfg.env.name)
+    prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     if not cfg.controller.resume and cfg.learner.resume_from is None:
         moved = set_aside_earlier_run(cfg.run.dir)
         if moved is not None:
             print(f"rlfleet: the earlier outputs of run {cfg.run.name} moved to {moved} (a fresh run; "
                   "controller.resume=latest continues one instead)", flush=True)
     setup_logging("controller", cfg.run.log_level, cfg.run.dir / "logs" / "controller.log", run=cfg.run.name)
-    # Build the embedded model once, before the services race for it; lengths that cannot fit the
-    # model's context fail here, before any service starts.
-    prompt_length_limit(cfg, resolve_model_path(cfg.model.path))
     verdicts = None
     if cfg.controller.resume and cfg.learner.resume_from is None and not cfg.learner.address:
         verdicts = resolve_local_resume(cfg)
+    clear_end(cfg.run.dir)  # an earlier end of this folder's run no longer holds
     launcher = Launcher(cfg, checkpoint_verdicts=verdicts)
     finished = threading.Event()
     last_step: list[int] = []  # the steps this process finished (the newest last)
@@ -337,17 +352,32 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             print("rlfleet: services " + ", ".join(f"{r}@{a}" for r, a in addresses.items()), flush=True)
             summary = run_controller(cfg, addresses, stop=launcher.stop, alive=launcher.alive, data=data,
                                      on_step=step_done)
-        except RlfleetError:
+            # said (and recorded for `rlfleet status`) before the services stop, which takes seconds
+            if signals.received is not None:
+                record_end(cfg.run.dir, STOPPED)
+            elif launcher.failure is None:
+                record_end(cfg.run.dir, FINISHED)
+                print(ending_line(cfg, last_step[-1] if last_step else 0), flush=True)
+        except RlfleetError as exc:
             if signals.received is None:  # else leaving the block says Interrupted (rlfleet/app/interrupt.py)
                 time.sleep(0.5)  # a dead peer is usually why an RPC failed: name it rather than the RPC
                 dead = launcher.dead_child()
+                record_end(cfg.run.dir, FAILED, dead or str(exc))
                 if dead:
                     raise RlfleetError(dead) from None
+            else:
+                record_end(cfg.run.dir, STOPPED)
+            raise
+        except BaseException as exc:  # a second Ctrl-C (KeyboardInterrupt), or a bug
+            interrupted = signals.received is not None or isinstance(exc, KeyboardInterrupt)
+            record_end(cfg.run.dir, STOPPED if interrupted else FAILED,
+                       None if interrupted else f"{type(exc).__name__}: {exc}")
             raise
         finally:
             launcher.shutdown()
             finished.set()
     if launcher.failure:
+        record_end(cfg.run.dir, FAILED, launcher.failure)
         raise RlfleetError(launcher.failure)
     if progress.summary():
         print(progress.summary(), flush=True)

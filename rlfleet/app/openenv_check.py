@@ -20,7 +20,7 @@ from rlfleet.env.openenv import (MCP, TEXT, ActionSpec, BadReply, Endpoint, buil
 from rlfleet.env.toolcalls import parse_tool_calls
 from rlfleet.env.types import Action, EpisodeRow
 from rlfleet.rpc.openenv_wire import (CAPACITY_REACHED, ServerError, Session, TimedOut, Unreachable,
-                                      fetch_action_spec, get_json, healthy)
+                                      fetch_action_spec, get_json, health_problem)
 
 DEFAULT_ROW = {"data_source": "digits_reverse", "prompt": "Reverse the digits: 4721", "ground_truth": "1274"}
 MAX_TURNS = 8
@@ -62,8 +62,9 @@ class OpenEnvChecker:
 
     # ---- checks ------------------------------------------------------------------------------------
     def check_health(self) -> str:
-        if not healthy(self.endpoint, self.timeout_s):
-            raise Failed(f"GET {self.endpoint.http}/health did not answer {{status: healthy}}")
+        problem = health_problem(self.endpoint, self.timeout_s)
+        if problem is not None:
+            raise Failed(problem)
         return "healthy"
 
     def check_schema(self) -> str:

@@ -1,4 +1,8 @@
-"""Where a run that no longer runs got to: its last step and when (`rlfleet status` on an ended run)."""
+"""Where a run that no longer runs got to: its last step and when (`rlfleet status` on an ended run).
+
+`rlfleet run` also records how it ended in RUN_DIR/run_end.json (finished, stopped, or failed and why)
+the moment it knows, before it stops its services: status then says so at once, not rows of services
+that are shutting down, and a run that failed at the start is named failed, not resumable."""
 from __future__ import annotations
 
 import json
@@ -8,21 +12,33 @@ from pathlib import Path
 from typing import Any
 
 
+END_FILE = "run_end.json"
+FINISHED, STOPPED, FAILED = "finished", "stopped", "failed"
+
+
 @dataclass
 class Ended:
-    """A run none of whose processes on this machine is left: where it got to, and when."""
+    """A run that no longer runs (or is stopping its services): where it got to, and when."""
     step: int
     max_steps: int | None
     when: float | None  # when its last step was written (metrics.jsonl), epoch seconds
     resumable: int | None = None  # the newest step controller.resume=latest can continue from
+    failure: str | None = None  # why it failed, as `rlfleet run` said it (run_end.json)
 
     @property
     def finished(self) -> bool:
-        return self.max_steps is not None and self.step >= self.max_steps
+        return self.failure is None and self.max_steps is not None and self.step >= self.max_steps
+
+    @property
+    def state(self) -> str:
+        return FAILED if self.failure is not None else FINISHED if self.finished else STOPPED
 
     def describe(self, run_dir: Path) -> str:
         of = f"/{self.max_steps}" if self.max_steps is not None else ""
         at = (" on " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.when))) if self.when else ""
+        if self.failure is not None:
+            after = f"after step {self.step}{of}{at}" if self.step else "before its first step"
+            return f"rlfleet: run {run_dir.name} failed {after}: {self.failure}"
         if self.finished:
             return f"rlfleet: run {run_dir.name} finished: step {self.step}{of}{at}"
         stopped = f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}"
@@ -31,8 +47,36 @@ class Ended:
         return f"{stopped}; controller.resume=latest continues it from step {self.resumable}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"state": "finished" if self.finished else "stopped", "step": self.step,
-                "max_steps": self.max_steps, "last_step_at": self.when, "resumable_step": self.resumable}
+        return {"state": self.state, "step": self.step, "max_steps": self.max_steps,
+                "last_step_at": self.when, "resumable_step": self.resumable,
+                **({"failure": self.failure} if self.failure is not None else {})}
+
+
+def record_end(run_dir: Path, state: str, failure: str | None = None) -> None:
+    """`rlfleet run`'s word on how the run ended (written atomically; `failure` with FAILED)."""
+    path = run_dir / END_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{END_FILE}.tmp")
+    tmp.write_text(json.dumps({"state": state, "failure": failure, "at": time.time()}) + "\n")
+    tmp.replace(path)
+
+
+def clear_end(run_dir: Path) -> None:
+    """A run starting (or resuming) in the folder: an earlier end no longer holds."""
+    (run_dir / END_FILE).unlink(missing_ok=True)
+
+
+def recorded_end(run_dir: Path) -> Ended | None:
+    """The end `rlfleet run` recorded, with where the run got to; None when it recorded none."""
+    try:
+        record = json.loads((run_dir / END_FILE).read_text())
+        state = record["state"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    ended = where_it_ended(run_dir)
+    if state == FAILED:
+        ended.failure = str(record.get("failure") or "no reason recorded")
+    return ended  # finished or stopped: as its metrics say (finished at max_steps)
 
 
 def where_it_ended(run_dir: Path) -> Ended:

@@ -18,12 +18,16 @@ Outputs in `--output`: `metrics.jsonl` (one line per step: `sft/loss`, `actor/lr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from rlfleet.errors import ConfigError, DataError, RlfleetError
+from rlfleet.app.interrupt import StopOnSignal
+from rlfleet.checkpoint_files import META
+from rlfleet.errors import CheckpointError, ConfigError, DataError, RlfleetError
 
 RESPONSE_KEY = "extra_info.answer"  # where `rlfleet data gsm8k|arithmetic` keep the worked answer
 
@@ -84,6 +88,10 @@ def _output_ready(output: Path, resume: str | None) -> None:
     if held and not resume:
         raise ConfigError(f"--output {output} already holds an SFT run ({', '.join(held)}): pass --resume "
                           "latest to continue it, or choose another folder")
+    checkpoints = output / "checkpoints"
+    if resume == "latest" and not any(checkpoints.glob(f"step_*/{META}")):
+        raise CheckpointError(f"no checkpoint under {checkpoints} to resume from (an sft stopped before it "
+                              "saved a step?): --resume auto starts it again from the beginning")
     output.mkdir(parents=True, exist_ok=True)
 
 
@@ -151,11 +159,23 @@ def _plan(args: argparse.Namespace, cfg, rank0: bool, val_files: list[Path]):
     if rank0:
         print(f"rlfleet: sft on {len(examples)} examples from {', '.join(Path(f).name for f in args.data)}"
               f"{f' ({too_long} longer than {max_length} tokens left out)' if too_long else ''}: "
-              f"{max_steps} steps of {args.batch_size}", flush=True)
+              f"{max_steps} steps of {args.batch_size}{_cpu_threads(cfg.learner.device)}", flush=True)
     return SftPlan(output=Path(args.output), model_path=model_path, examples=examples,
                    batch_size=args.batch_size, max_steps=max_steps, eval_every=args.eval_every,
                    save_every=args.save_every, val_files=val_files, prompt_key=prompt_key,
                    max_length=max_length)
+
+
+def _cpu_threads(device: str) -> str:
+    """The start line's note of the torch threads, on the CPU (rlfleet/cpu_threads.py picks them)."""
+    import torch
+
+    from rlfleet.devices import runs_on_cpu
+
+    if not runs_on_cpu(device):
+        return ""
+    threads = torch.get_num_threads()
+    return f" on {threads} CPU thread{'s' if threads > 1 else ''} (OMP_NUM_THREADS=N sets them)"
 
 
 def _train(args: argparse.Namespace, cfg, world) -> int:
@@ -168,18 +188,23 @@ def _train(args: argparse.Namespace, cfg, world) -> int:
     from rlfleet.app.sft_trainer import SftTrainer
 
     plan = _plan(args, cfg, rank0, val_files)
-    trainer = SftTrainer(cfg, plan, world)
-    try:
-        start = trainer.resume(args.resume)
-        if start >= plan.max_steps:
-            if rank0:
-                print(f"rlfleet: sft already at step {start} of {plan.max_steps}; nothing to train",
-                      flush=True)
-        else:
-            trainer.train(start)
-        final = trainer.save_model()
-    finally:
-        trainer.close()
+    # Ctrl-C (or SIGTERM) ends the step under way and checkpoints it, as `rlfleet run` does; a second one
+    # stops at once. Under torchrun the ranks keep Python's default: one rank stopping alone would leave
+    # the others waiting in a collective.
+    stop = threading.Event()
+    with StopOnSignal(stop) if world is None else contextlib.nullcontext():
+        trainer = SftTrainer(cfg, plan, world)
+        try:
+            start = trainer.resume(args.resume)
+            if start >= plan.max_steps:
+                if rank0:
+                    print(f"rlfleet: sft already at step {start} of {plan.max_steps}; nothing to train",
+                          flush=True)
+            elif not trainer.train(start, stop):
+                return 130  # leaving the block raises Interrupted, which names the signal
+            final = trainer.save_model()
+        finally:
+            trainer.close()
     if rank0:
         print(f"rlfleet: sft model written to {final} (model.path={final}, or rlfleet eval --model {final})",
               flush=True)

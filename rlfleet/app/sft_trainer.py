@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,13 @@ class SftTrainer:
 
         checkpoint = resolve_checkpoint(self.plan.output / "checkpoints", spec)
         if checkpoint is None:
+            if spec == "auto" and self.rank0:  # a fresh start: the stopped run's lines would mix with its own
+                from controller.state import truncate_jsonl
+
+                dropped = truncate_jsonl(self.metrics_path, -1)
+                if dropped:
+                    print(f"rlfleet: no checkpoint to resume from: sft starts fresh ({dropped} earlier "
+                          f"metric line{'s' if dropped > 1 else ''} dropped)", flush=True)
             return 0
         if self.world is not None:
             meta = self.learner.restore(checkpoint, verified=True)
@@ -120,13 +128,20 @@ class SftTrainer:
         return step
 
     # ---- training -------------------------------------------------------------------------
-    def train(self, start_step: int) -> None:
+    def train(self, start_step: int, stop: threading.Event | None = None) -> bool:
+        """Trains from `start_step` to plan.max_steps; True when it got there. `stop` set (Ctrl-C): it
+        ends after the step under way, whose checkpoint it writes, and returns False."""
         plan = self.plan
-        if start_step == 0 and plan.eval_every > 0:
+        stop = stop or threading.Event()
+        if start_step == 0 and plan.eval_every > 0 and not stop.is_set():
             val = self._evaluate(0)
             if val:
                 self._record({"step": 0, "policy_version": 0, "epoch": 0.0, **val}, progress=False)
+        saved = start_step
         for step in range(start_step + 1, plan.max_steps + 1):
+            if stop.is_set():
+                self._stopped(saved, step - 1)
+                return False
             batch = batch_for_step(plan.examples, plan.batch_size, step, self.cfg.run.seed)
             started = time.perf_counter()
             samples = sft_samples(batch, self.learner.version)
@@ -143,9 +158,27 @@ class SftTrainer:
             last = step == plan.max_steps
             if plan.save_every and step % plan.save_every == 0 or last:
                 self.learner.save_checkpoint(step)
+                saved = step
             if (plan.eval_every and step % plan.eval_every == 0) or last:
                 m.update(self._evaluate(step))
             self._record(m)
+        if stop.is_set() and saved < plan.max_steps:  # stopped during the last step's evaluation
+            self._stopped(saved, plan.max_steps)
+            return False
+        return True
+
+    def _stopped(self, saved: int, done: int) -> None:
+        """Ctrl-C after step `done` (0: none finished): its checkpoint, unless written already."""
+        path = self.plan.output / "checkpoints" / f"step_{done}"
+        if done > saved:
+            path = self.learner.save_checkpoint(done)
+        if not self.rank0:
+            return
+        if done == 0:
+            print("rlfleet: sft stopped before its first step; nothing to checkpoint", flush=True)
+        else:
+            print(f"rlfleet: sft stopped after step {done}: checkpoint {path} written; --resume latest "
+                  "continues it", flush=True)
 
     def _record(self, m: dict[str, Any], progress: bool = True) -> None:
         if not self.rank0:

@@ -39,7 +39,7 @@ from rlfleet.proto.v1 import (
 from rlfleet.rpc.channel import health_check, open_channel
 from rlfleet.rpc.security import Security
 from rlfleet.app.openenv_check import is_openenv_address
-from rlfleet.app.run_end import Ended, where_it_ended
+from rlfleet.app.run_end import Ended, recorded_end, where_it_ended
 
 _STUBS = {
     "rollout": rollout_pb2_grpc.RolloutStub,
@@ -359,8 +359,12 @@ def write_prometheus_targets(run_dir: Path, path: Path) -> int:
 
 
 def ended_run(run_dir: Path) -> Ended | None:
-    """The run's end, when its controller and every service it announced on this machine are gone
-    (None while any runs, or when one ran elsewhere: their rows tell more then)."""
+    """The run's end: as `rlfleet run` recorded it (run_end.py), else when its controller and every
+    service it announced on this machine are gone (None while any runs, or when one ran elsewhere: their
+    rows tell more then)."""
+    recorded = recorded_end(run_dir)
+    if recorded is not None:
+        return recorded
     announced = _read_announced(run_dir / "services") if (run_dir / "services").is_dir() else []
     controller = [a for a in announced if a.row["role"] == "controller"]
     if not controller or any(a.remote or not a.gone for a in announced):
@@ -378,9 +382,11 @@ def print_status(run_dir: str, as_json: bool = False, prometheus_sd: str | None 
         return 0 if ended.finished else 1
     rows = collect(Path(run_dir), security)
     if ended is not None:  # the JSON rows as ever (a replica that left is LEFT from the journal), and
-        for row in rows:   # the controller's row says how the run ended
+        if not any(row["role"] == "controller" for row in rows):  # the controller's row says how the run
+            rows.insert(0, _row("controller", "-"))                # ended (one that failed before it served)
+        for row in rows:
             if row["role"] == "controller":
-                row.update(health="FINISHED" if ended.finished else "STOPPED", step=ended.step,
+                row.update(health=ended.state.upper(), step=ended.step,
                            last_error=ended.describe(Path(run_dir)).removeprefix("rlfleet: "),
                            ended=ended.as_json())
         print(json.dumps(rows, indent=2))

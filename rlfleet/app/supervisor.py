@@ -57,8 +57,9 @@ class Supervisor:
             delay = self.backoff_s * (2 ** state.count)
             print(f"rlfleet: {why}; restarting it ({state.count + 1}/{self.max_restarts}) in {delay:g}s",
                   file=sys.stderr, flush=True)
-            log.warning("service died; restarting", service=child.role, pid=child.proc.pid,
-                        code=child.proc.returncode, attempt=state.count + 1, delay_s=delay)
+            # info: the line above is the console's; the log file keeps the fields
+            log.info("service died; restarting", service=child.role, pid=child.proc.pid,
+                     code=child.proc.returncode, attempt=state.count + 1, delay_s=delay)
             self._record({"service": child.role, "pid": child.proc.pid, "code": child.proc.returncode,
                           "attempt": state.count + 1, "delay_s": delay})
             state.due = time.monotonic() + delay
@@ -89,7 +90,7 @@ class Supervisor:
                                           env=child.env, start_new_session=True)
         print(f"rlfleet: restarted the {child.role} service (pid {child.proc.pid})", file=sys.stderr,
               flush=True)
-        log.warning("service restarted", service=child.role, pid=child.proc.pid)
+        log.info("service restarted", service=child.role, pid=child.proc.pid)
 
     def _record(self, entry: dict[str, Any]) -> None:
         path = self.run_dir / "services" / "restarts.jsonl"

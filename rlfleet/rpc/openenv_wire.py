@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ from rlfleet.errors import ConfigError, ServiceUnavailable
 
 VALIDATION_ERROR, CAPACITY_REACHED = "VALIDATION_ERROR", "CAPACITY_REACHED"
 MAX_MESSAGE_BYTES = 64 << 20
+REPORT_EVERY_S = 5.0  # how often a wait says what it waits for, as rlfleet.rpc.channel's does
 
 
 class Unreachable(ConnectionError):
@@ -56,24 +58,40 @@ def get_json(url: str, timeout_s: float) -> Any:
         raise BadReply(f"GET {url}: not JSON: {body[:120]!r}") from None
 
 
-def healthy(endpoint: Endpoint, timeout_s: float = 5.0) -> bool:
-    """/health answers {status: healthy}."""
+def health_problem(endpoint: Endpoint, timeout_s: float = 5.0) -> str | None:
+    """Why /health does not answer {status: healthy} (`GET URL: [Errno 111] Connection refused`, an HTTP
+    status, the answer), or None when it does."""
     try:
         reply = get_json(endpoint.http + "/health", timeout_s)
-    except (Unreachable, TimedOut, BadReply):
-        return False
-    return isinstance(reply, dict) and reply.get("status") == "healthy"
+    except (Unreachable, TimedOut, BadReply) as err:
+        return str(err)
+    if isinstance(reply, dict) and reply.get("status") == "healthy":
+        return None
+    return f"GET {endpoint.http}/health answered {json.dumps(reply)[:120]}, not {{status: healthy}}"
 
 
-def wait_until_healthy(address: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> Endpoint:
-    """The server's Endpoint once /health says healthy; ServiceUnavailable naming it after `timeout_s`."""
+def healthy(endpoint: Endpoint, timeout_s: float = 5.0) -> bool:
+    """/health answers {status: healthy}."""
+    return health_problem(endpoint, timeout_s) is None
+
+
+def wait_until_healthy(address: str, timeout_s: float, alive: Callable[[], bool] = lambda: True,
+                       report_every_s: float = REPORT_EVERY_S) -> Endpoint:
+    """The server's Endpoint once /health says healthy; ServiceUnavailable naming it and the last reason
+    after `timeout_s`. Says every `report_every_s` (on stderr) what it waits for and why, as the wait
+    for a gRPC service does (rlfleet.rpc.channel)."""
     endpoint = endpoint_of(address)
-    deadline = time.monotonic() + timeout_s
-    while not healthy(endpoint, min(5.0, timeout_s)):
-        if time.monotonic() > deadline or not alive():
-            raise ServiceUnavailable(f"OpenEnv server {address} did not answer healthy at "
-                                     f"{endpoint.http}/health within {timeout_s:g}s (env.address, "
-                                     "env.kind=openenv)")
+    start = time.monotonic()
+    deadline, next_report = start + timeout_s, start + min(report_every_s, 3.0)
+    while (why := health_problem(endpoint, min(5.0, timeout_s))) is not None:
+        now = time.monotonic()
+        if now > deadline or not alive():
+            raise ServiceUnavailable(f"OpenEnv server {address} did not answer healthy within {timeout_s:g}s "
+                                     f"(env.address, env.kind=openenv): {why}")
+        if now >= next_report:
+            print(f"rlfleet: waiting for the OpenEnv server at {address}: {why} ({now - start:.0f}s of "
+                  f"{timeout_s:g}s)", file=sys.stderr, flush=True)
+            next_report = now + report_every_s
         time.sleep(0.5)
     return endpoint
 

@@ -69,3 +69,15 @@ def test_reasoning_gym_phases_on_the_cpu(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     assert "val/reasoning_gym/chain_sum/accuracy" in metrics[-1]  # the run evaluated at its last step
     assert len(list(out.iterdir())) <= 8  # what one device call brings back
+
+
+
+@pytest.mark.parametrize("flags, arm", [("noeval", "trl"), ("fast noeval", "trl-fast"),
+                                       ("noeval fast", "trl-fast")])
+def test_trl_phase_noeval_names_no_arm_and_skips_the_evaluation(tmp_path, flags, arm):
+    """`trl N noeval` named its arm trl-noeval and still evaluated (only a 4th word was read as noeval).
+    Where TRL is absent the phase's TRL run fails at once; what it announces, and that it does not go on
+    to `rlfleet eval` (of the model it would have written), is checked either way."""
+    stdout = session(tmp_path, tmp_path / "out", f"trl 1 {flags}")
+    assert f"trl: arm {arm}, no evaluation (noeval)" in stdout, stdout[-3000:]
+    assert "trl-noeval" not in stdout and "rlfleet: error: --model" not in stdout, stdout[-3000:]

@@ -42,7 +42,7 @@ def test_tiny_model_calls_the_tool_after_sft_on_traces_and_trains_with_it(tmp_pa
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     sft = tmp_path / "sft"
-    # 300 steps of 16 (~13 epochs of the ~370 one-call traces that fit): the 2-layer model needs them.
+    # 300 steps of 16 (~19 epochs of the 249 one-call traces that fit): the 2-layer model needs them.
     # Measured (2026-12-03, one thread): 75 % of episodes call the tool at run.seed 0 (the test's), 1 and 2,
     # 62 % at seed 3 (400 steps: 94 % at seed 2; 150 steps: 12 %; 400 of 8: 81 % and 56 %; lr 1e-2: none),
     # ~100 s of SFT instead of ~130 s.

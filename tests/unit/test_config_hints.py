@@ -35,6 +35,24 @@ def test_several_verl_keys_in_one_section_are_named_together():
     assert "actor_rollout_ref.rollout.n is rollout.n" in message, message
 
 
+def test_verls_multi_turn_keys_point_to_the_environment():
+    # verl configures tools with a YAML file (multi_turn.tool_config_path); rlfleet asks an environment
+    message = _error("actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml")
+    assert "verl's name for env.name" in message, message
+    # multi_turn.enable beside a mapped key was left out of the message: both are named
+    message = _error("actor_rollout_ref.rollout.multi_turn.enable=true",
+                     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3")
+    assert "actor_rollout_ref.rollout.multi_turn.enable is env.name" in message, message
+    assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns is rollout.max_turns" in message, message
+
+
+def test_verl_keys_without_an_rlfleet_name_are_named_beside_the_mapped_ones():
+    message = _error("actor_rollout_ref.actor.optim.lr=1e-6",
+                     "actor_rollout_ref.actor.use_torch_compile=true")
+    assert "actor_rollout_ref.actor.optim.lr is learner.lr" in message, message
+    assert "no rlfleet key for actor_rollout_ref.actor.use_torch_compile" in message, message
+
+
 @pytest.mark.parametrize(("key", "meant"), [("learner.lrr", "learner.lr"), ("rollout.lr", "learner.lr"),
                                             ("rollout.temprature", "rollout.temperature"),
                                             ("controler", "controller")])

@@ -74,6 +74,10 @@ def test_registry_names_what_is_wrong():
     assert load_environment("digits_game", {"max_tries": 2}).max_tries == 2
     with pytest.raises(ConfigError, match="neither a built-in"):
         load_environment("nope")
+    with pytest.raises(ConfigError, match=r"neither a built-in .* \(did you mean 'calculator'\?\)$"):
+        load_environment("calculater")
+    with pytest.raises(ConfigError, match=r"neither a built-in .* \(did you mean 'digits_game'\?\)$"):
+        load_environment("digits-game")
     with pytest.raises(ConfigError, match="cannot import"):
         load_environment("no_such_module:Env")
     with pytest.raises(ConfigError, match="bad parameters"):
