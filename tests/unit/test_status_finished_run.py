@@ -92,6 +92,26 @@ def test_a_run_stopped_without_a_checkpoint_promises_no_resume(tmp_path, capsys)
     assert "no checkpoint to resume from" in out, out
 
 
+def test_a_run_that_failed_after_a_checkpoint_says_why_and_where_it_resumes(tmp_path, capsys):
+    """An environment outage stops a run with an error after writing a checkpoint (issue 42, 7); `rlfleet
+    run` records it as failed (issue 43). Status says why it failed and that a resume continues it: the
+    merged code said only the first, and the e2e test of the outage stop (tests/e2e/test_stall.py) failed."""
+    from rlfleet.app.run_end import FAILED, record_end
+
+    run = _run_folder(tmp_path, last_step=3, max_steps=30)
+    _checkpoint(run, 3)
+    record_end(run, FAILED, "no environment for 3s (env.max_outage_s=3)")
+    assert print_status(str(run)) == 1
+    out = capsys.readouterr().out
+    assert "failed after step 3/30" in out and "no environment for 3s" in out, out
+    assert "controller.resume=latest continues it from step 3" in out, out
+    # failed before any checkpoint (a service that did not load): no resume is promised
+    (run / "checkpoints" / "step_3" / "meta.json").unlink()
+    assert print_status(str(run)) == 1
+    out = capsys.readouterr().out
+    assert "failed after step 3/30" in out and "controller.resume=latest" not in out, out
+
+
 def test_an_unreachable_row_says_why(tmp_path):
     run = _run_folder(tmp_path, last_step=3, max_steps=30)
     controller = json.loads((run / "services" / "controller.json").read_text())
