@@ -38,7 +38,10 @@ class Ended:
         at = (" on " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.when))) if self.when else ""
         if self.failure is not None:
             after = f"after step {self.step}{of}{at}" if self.step else "before its first step"
-            return f"rlfleet: run {run_dir.name} failed {after}: {self.failure}"
+            failed = f"rlfleet: run {run_dir.name} failed {after}: {self.failure}"
+            if self.resumable is None:  # e.g. a service that never loaded: a resume would fail the same way
+                return failed
+            return f"{failed}; controller.resume=latest continues it from step {self.resumable}"
         if self.finished:
             return f"rlfleet: run {run_dir.name} finished: step {self.step}{of}{at}"
         stopped = f"rlfleet: run {run_dir.name} is not running: it stopped after step {self.step}{of}{at}"
