@@ -112,3 +112,22 @@ def test_a_resumed_bfloat16_learner_continues_from_its_master_weights(tiny_model
     # progress and the weights after step 4 would differ from the uninterrupted run's.
     for name, p in weights(straight).items():
         torch.testing.assert_close(weights(resumed)[name], p, rtol=0, atol=0, msg=name)
+
+
+def test_a_checkpoint_of_plain_adamw_restores_into_master_weights(tiny_model_dir: Path, tmp_path: Path):
+    from services.learner.master_weights import MasterWeightAdamW
+
+    plain = Learner(LearnerConfig(lr=LR, grad_clip=0.0, master_weights=False), tiny_model_dir, CPU,
+                    torch.bfloat16, tmp_path / "plain", seed=0, algorithm=SFT_ALGORITHM,
+                    max_response_tokens=4, total_steps=STEPS)
+    assert type(plain.optimizer) is torch.optim.AdamW
+    train(plain, range(1, 3))
+    path = plain.save_checkpoint(2)
+    resumed = make(tiny_model_dir, tmp_path / "resumed", torch.bfloat16)
+    assert isinstance(resumed.optimizer, MasterWeightAdamW)
+    restore_learner(resumed, path)
+    # no copies in that checkpoint: they are the restored bfloat16 weights, exactly
+    for p, m in zip(resumed.optimizer.model_params, resumed.optimizer.masters()):
+        assert m.dtype == torch.float32 and torch.equal(m, p.detach().float())
+    train(resumed, range(3, 4))
+    assert resumed.version == 3
