@@ -42,7 +42,8 @@ def plan(cfg, model_config: dict, gpu_bytes: int, runs: int, others_bytes: int, 
                             prompt + cfg.rollout.max_new_tokens)
     lc = cfg.learner
     learner = learner_bytes(shape, dtype_bytes, lc.micro_batch_tokens_on(on_gpu=True),
-                            lc.gradient_checkpointing, lc.logprob_chunk_tokens)
+                            lc.gradient_checkpointing, lc.logprob_chunk_tokens,
+                            lc.master_weights_on(dtype_bytes))
     check("the rollout", rollout, rollout_share, gpu_bytes, "rollout.gpu_memory_utilization",
           "rollout.max_batch_sequences, rollout.max_new_tokens or data.max_prompt_length")
     check("the learner", learner, learner_share, gpu_bytes, "learner.gpu_memory_utilization",

@@ -49,11 +49,13 @@
 #   "sft-gsm8k N [EPOCHS]"  rlfleet sft on GSM8K train (EPOCHS, default 1), then GRPO for N steps from
 #                the SFT model while the SFT model is evaluated beside it; the three models under the three
 #                rules: $OUT/sft-gsm8k.{md,json} and sft-gsm8k-raw.tgz
-#   "reasoning-gym-base TASKS [ROWS]"  the base model on ROWS (default 200) held-out questions of each of
-#                the comma-separated reasoning-gym TASKS, one rlfleet eval of them all: the table of which
-#                tasks it solves 5-30 % of the time ($OUT/rg-base.json, the accuracies printed)
-#   "reasoning-gym N TASK [key=value ...]"  the reasoning-gym recipe (docs/recipes/reasoning-gym-smollm2.md)
-#                on setup's model (TASK `auto`: the task bench/rg_pick_task.py picks from the rg-base.json that
+#   "reasoning-gym-base TASKS [ROWS] [model=NAME]"  the base model (setup's SmolLM2, or $work/models/NAME that
+#                qwen-setup imported; its files tagged NAME) on ROWS (default 200) held-out questions of each of
+#                the comma-separated reasoning-gym TASKS, one rlfleet eval of them all: the table of each task's
+#                accuracy beside its majority-answer baseline and answer diversity ($OUT/rg-base[-NAME].json)
+#   "reasoning-gym N TASK [sft=STEPS] [model=NAME] [key=value ...]"  the reasoning-gym recipe
+#                (docs/recipes/reasoning-gym-smollm2.md) on setup's model or NAME (TASK `auto`: the task
+#                bench/rg_pick_task.py picks, by accuracy over the baseline, from the rg-base[-NAME].json that
 #                reasoning-gym-base wrote earlier in the same call; `sft=STEPS` first: a format warm start of
 #                STEPS rlfleet sft steps on the train rows' <answer>-tagged answers, evaluated, and GRPO from
 #                it, rg-TASK-sft.json and metrics-rg-TASK-sft.jsonl): TASK's data (20,000 train, 500 test), rlfleet eval of the base model, N
@@ -299,10 +301,18 @@ calculator() {
 
 # reasoning-gym N TASK [key=value ...]: see the header. The data need the wheels of bench/make_wheels.sh
 # (reasoning-gym and its pure-python dependencies) on the GPU machine.
-rg_job() {  # DATA_DIR: rgj=(the reasoning-gym recipe's job on the files in DATA_DIR)
-  rgj=(--config deploy/configs/reasoning-gym-smollm2-135m.yaml model.path="$model"
+rg_job() {  # DATA_DIR MODEL: rgj=(the reasoning-gym recipe's job on the files in DATA_DIR and MODEL)
+  rgj=(--config deploy/configs/reasoning-gym-smollm2-135m.yaml model.path="$2"
        "data.train_files=[$1/train.parquet]" "data.val_files=[$1/test.parquet]" run.output_dir="$work/outputs"
        "${shrink[@]}")
+}
+
+rg_model() {  # NAME: rgm=(the model's path, the files' tag): setup's SmolLM2 for "", else $work/models/NAME
+  # (qwen-setup imports it there); on the CPU always the tiny model, the tag kept
+  if [ -z "$1" ]; then rgm=("$model" ""); return; fi
+  if [ "$cpu" = 1 ]; then rgm=("$model" "$1-"); return; fi
+  [ -f "$work/models/$1/config.json" ] || { echo "no model $work/models/$1 (qwen-setup $1 first)"; return 1; }
+  rgm=("$work/models/$1" "$1-")
 }
 
 rg_importable() {  # says which module is missing when reasoning-gym cannot be imported here
@@ -313,42 +323,52 @@ rg_importable() {  # says which module is missing when reasoning-gym cannot be i
   fi
 }
 
-reasoning_gym_base() {  # TASKS [ROWS]
+reasoning_gym_base() {  # TASKS [ROWS] [model=NAME]
   rg_importable || return 1
-  local tasks=$1 rows=${2:-200} d=$work/data/rg-base
-  [ "$cpu" = 1 ] && rows=${2:-4}
+  local tasks=$1 rows="" d=$work/data/rg-base name=""
+  shift
+  case "${1:-}" in model=*|"") ;; *) rows=$1; shift ;; esac
+  case "${1:-}" in model=*) name=${1#model=} ;; esac
+  [ -n "$rows" ] || { rows=200; [ "$cpu" = 1 ] && rows=4; }
+  rg_model "$name" || return 1
   rm -rf "$d" && mkdir -p "$d"
   local count=$(( rows * $(echo "$tasks" | tr ',' '\n' | grep -c .) ))
   rlfleet data reasoning-gym "$tasks" --rows "$count" --split test --output "$d/test.parquet" 2>&1 | tail -1
   cp "$d/test.parquet" "$d/train.parquet"  # the job names a train file; eval reads only the test one
-  rg_job "$d"
-  timeout -k 20 "$(left 20)" "$py" -m rlfleet.app.cli eval "${rgj[@]}" --output "$out/rg-base.json" 2>&1 \
+  rg_job "$d" "${rgm[0]}"
+  # the table has each task's majority-answer baseline and answer diversity beside its accuracy
+  local report=$out/rg-base${rgm[1]:+-${rgm[1]%-}}.json
+  timeout -k 20 "$(left 20)" "$py" -m rlfleet.app.cli eval "${rgj[@]}" --output "$report" 2>&1 \
     | quiet | grep -v "^rlfleet: report\|^Loading"
 }
 
-reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
+reasoning_gym() {  # N TASK|auto [sft=STEPS] [model=NAME] [key=value ...]
   rg_importable || return 1
-  local n=$1 task=$2 name rows=20000 test_rows=500 d t sft_steps=0 start=$model
+  local n=$1 task=$2 name rows=20000 test_rows=500 d t sft_steps=0 start mname="" base_model tag
   shift 2
   case "${1:-}" in sft=*) sft_steps=${1#sft=}; shift ;; esac
-  if [ "$task" = auto ]; then  # the task the reasoning-gym-base phase of this call found in the 5-30 % band
-    task=$("$py" bench/rg_pick_task.py "$out/rg-base.json") || return 1
-    echo "--- task: $task (bench/rg_pick_task.py on rg-base.json)"
+  case "${1:-}" in model=*) mname=${1#model=}; shift ;; esac
+  rg_model "$mname" || return 1
+  base_model=${rgm[0]} tag=${rgm[1]} start=${rgm[0]}
+  if [ "$task" = auto ]; then  # the task 5-30 points over its majority-answer baseline, from this call's base table
+    local report=$out/rg-base${tag:+-${tag%-}}.json
+    task=$("$py" bench/rg_pick_task.py "$report") || return 1
+    echo "--- task: $task (bench/rg_pick_task.py on $(basename "$report"): accuracy over the baseline)"
   fi
-  name=rg-$task-$n d=$work/data/rg-$task
+  name=rg-$tag$task-$n d=$work/data/rg-$task
   [ "$cpu" = 1 ] && rows=64 test_rows=8
   t=$SECONDS
   rlfleet data reasoning-gym "$task" --rows $rows --output "$d/train.parquet" 2>&1 | tail -1
   rlfleet data reasoning-gym "$task" --rows $test_rows --split test --output "$d/test.parquet" 2>&1 | tail -1
   echo "--- data: $((SECONDS - t)) s"
-  rg_job "$d"
+  rg_job "$d" "$base_model"
   evaluate_rg() {  # MODEL REPORT [key=value ...]
     t=$SECONDS
     timeout -k 10 120 "$py" -m rlfleet.app.cli eval "${rgj[@]}" "${@:3}" --model "$1" --output "$out/$2" 2>&1 \
-      | quiet | grep -v "^rlfleet: report\|^Loading" | tail -3
+      | quiet | grep -v "^rlfleet: report\|^Loading" | tail -5  # the row, with baseline/distinct/top, and notes
     echo "--- eval $2: $((SECONDS - t)) s"
   }
-  evaluate_rg "$model" "rg-$task-base.json" "$@"
+  evaluate_rg "$base_model" "rg-$tag$task-base.json" "$@"
   if [ "$sft_steps" -gt 0 ]; then  # the format warm start: the train rows' extra_info.answer (<answer>X</answer>)
     t=$SECONDS
     rm -rf "$work/rg-sft"
@@ -356,9 +376,9 @@ reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
       --output "$work/rg-sft" --max-steps "$sft_steps" --batch-size 32 > "$work/rg-sft.log" 2>&1
     grep "^rlfleet: sft model" "$work/rg-sft.log"; echo "--- sft: $((SECONDS - t)) s"
     [ -f "$work/rg-sft/model/config.json" ] || { echo "the warm start wrote no model:"; tail -5 "$work/rg-sft.log"; return 1; }
-    cp "$work/rg-sft/metrics.jsonl" "$out/metrics-rg-$task-sft.jsonl"
+    cp "$work/rg-sft/metrics.jsonl" "$out/metrics-rg-$tag$task-sft.jsonl"
     start=$work/rg-sft/model
-    evaluate_rg "$start" "rg-$task-sft.json" "$@"
+    evaluate_rg "$start" "rg-$tag$task-sft.json" "$@"
   fi
   t=$SECONDS
   rm -rf "$work/outputs/$name"
@@ -368,7 +388,7 @@ reasoning_gym() {  # N TASK|auto [sft=STEPS] [key=value ...]
   echo "--- run: $((SECONDS - t)) s"
   cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
   "$py" bench/step_times.py "$out/metrics-$name.jsonl"
-  evaluate_rg "$work/outputs/$name" "rg-$task-trained.json" "$@"
+  evaluate_rg "$work/outputs/$name" "rg-$tag$task-trained.json" "$@"
 }
 
 # the GSM8K recipe of a real Qwen model (docs/recipes/gsm8k-qwen2.5-coder.md), its files under $work

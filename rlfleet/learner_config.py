@@ -23,6 +23,12 @@ class LearnerConfig(ServiceEndpointConfig):
                                 "fraction of lr")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW beta1, beta2")
+    master_weights: bool | None = Field(
+        None, description="AdamW steps float32 copies of 16-bit weights (its moments float32 too) and "
+        "writes them back rounded, so updates below bfloat16's resolution (~lr < |w| / 512) add up instead "
+        "of rounding away; null: on when the policy trains in bfloat16/float16 (a GPU's default), 12 "
+        "bytes a parameter more (single-process learner; world_size > 1 steps its shards in their own "
+        "dtype); false: AdamW on the 16-bit weights themselves")
     grad_clip: float = Field(1.0, ge=0.0, description="max global grad norm; 0 disables clipping")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train LoRA adapters of the policy")
     micro_batch_tokens: int | None = Field(
@@ -90,6 +96,11 @@ class LearnerConfig(ServiceEndpointConfig):
         chunk = self.logprob_chunk_tokens if self.logprob_chunk_tokens is not None else (8192 if auto else 0)
         pack = self.pack_sequences if self.pack_sequences is not None else auto
         return chunk, pack
+
+    def master_weights_on(self, dtype_bytes: int) -> bool:
+        """`master_weights` as it runs for weights of `dtype_bytes` bytes, the null resolved: on for 16-bit
+        weights. The sharded learner (world_size > 1) steps its shards in their own dtype for now."""
+        return dtype_bytes < 4 and self.master_weights is not False and self.world_size == 1
 
     def compile_on(self, on_gpu: bool) -> bool:
         """`compile` as it runs, the null resolved (on for a single-process learner on a GPU)."""

@@ -82,17 +82,23 @@ def rollout_bytes(shape: Shape, dtype_bytes: int, max_batch_sequences: int,
 
 
 def learner_bytes(shape: Shape, dtype_bytes: int, micro_batch_tokens: int, checkpointing: bool,
-                  logprob_chunk_tokens: int) -> dict[str, int]:
-    """The learner: weights, gradients, AdamW's two moments (in the weights' dtype), the buffer a
-    weight push packs into, the activations of one micro-batch and its fp32 logits."""
+                  logprob_chunk_tokens: int, master_weights: bool = False) -> dict[str, int]:
+    """The learner: weights, gradients, AdamW's two moments (in the weights' dtype; float32 with
+    `master_weights`, which adds the float32 copies and their gradients: services/learner/
+    master_weights.py), the buffer a weight push packs into, the activations of one micro-batch and
+    its fp32 logits."""
     p, t = shape.params, micro_batch_tokens
     per_layer = t * (16 * shape.hidden + 6 * shape.intermediate) * dtype_bytes
     acts = (shape.layers * t * shape.hidden * dtype_bytes + per_layer if checkpointing
             else shape.layers * per_layer)
     logit_tokens = min(t, logprob_chunk_tokens) if logprob_chunk_tokens else t
-    return {"weights": p * dtype_bytes, "gradients": p * dtype_bytes, "optimizer": 2 * p * dtype_bytes,
+    need = {"weights": p * dtype_bytes, "gradients": p * dtype_bytes,
+            "optimizer": 2 * p * (4 if master_weights else dtype_bytes),
             "weight push buffer": p * dtype_bytes, "activations": acts,
             "logits": 3 * logit_tokens * shape.vocab * 4, "CUDA context": CONTEXT_BYTES}
+    if master_weights:
+        need["master weights"] = 2 * p * 4  # the float32 copies and, during a step, their gradients
+    return need
 
 
 #: the micro-batch the plan picks when learner.micro_batch_tokens is unset: the largest multiple of
@@ -102,12 +108,12 @@ AUTO_MICRO_BATCH_STEP, AUTO_MICRO_BATCH_MAX = 1024, 32768
 
 
 def largest_micro_batch(shape: Shape, dtype_bytes: int, budget_bytes: float, checkpointing: bool,
-                        logprob_chunk_tokens: int) -> int | None:
+                        logprob_chunk_tokens: int, master_weights: bool = False) -> int | None:
     """The largest micro_batch_tokens (a multiple of AUTO_MICRO_BATCH_STEP, at most AUTO_MICRO_BATCH_MAX)
     whose learner_bytes fit `budget_bytes`; None when not even one step's worth fits."""
     best = None
     for tokens in range(AUTO_MICRO_BATCH_STEP, AUTO_MICRO_BATCH_MAX + 1, AUTO_MICRO_BATCH_STEP):
-        need = learner_bytes(shape, dtype_bytes, tokens, checkpointing, logprob_chunk_tokens)
+        need = learner_bytes(shape, dtype_bytes, tokens, checkpointing, logprob_chunk_tokens, master_weights)
         if sum(need.values()) > budget_bytes:
             break  # the estimate grows with the tokens: no larger size fits either
         best = tokens

@@ -79,7 +79,8 @@ def plan_learner(cfg: JobConfig, learner_cfg: LearnerConfig, device, model_path:
     total = torch.cuda.get_device_properties(device).total_memory
     learner_cfg = with_micro_batch(learner_cfg, shape, dtype_bytes, share * total, chunk)
     need = learner_bytes(shape, dtype_bytes, learner_cfg.micro_batch_tokens_on(on_gpu=True),
-                         learner_cfg.gradient_checkpointing, chunk)
+                         learner_cfg.gradient_checkpointing, chunk,
+                         learner_cfg.master_weights_on(dtype_bytes))
     check("the learner", need, share, total, "learner.gpu_memory_utilization",
           "learner.micro_batch_tokens, or set learner.gradient_checkpointing=true / "
           "learner.logprob_chunk_tokens")
@@ -98,7 +99,7 @@ def with_micro_batch(learner_cfg: LearnerConfig, shape: Shape, dtype_bytes: int,
     if learner_cfg.micro_batch_tokens is not None:
         return learner_cfg
     chosen = largest_micro_batch(shape, dtype_bytes, budget_bytes, learner_cfg.gradient_checkpointing,
-                                 logprob_chunk_tokens)
+                                 logprob_chunk_tokens, learner_cfg.master_weights_on(dtype_bytes))
     if chosen is None:
         return learner_cfg
     log.info("learner micro-batch chosen by the memory plan", micro_batch_tokens=chosen,

@@ -30,6 +30,7 @@ from services.learner.checkpoint import remove_stale_temporaries, save_checkpoin
 from services.learner.flops import dense_bf16_peak_flops, matmul_weights, mfu, train_flops
 from services.learner.fused_kernels import apply_fused_kernels
 from services.learner.lora import apply_lora, policy_weights
+from services.learner.master_weights import build_adamw
 from services.learner.memory_metrics import StepMemory
 from services.learner.schedule import build_lr_scheduler, warmup_steps
 from services.learner.step_results import StepResults
@@ -79,9 +80,10 @@ class Learner:
                          "which fuse the same elementwise work; learner.fused_kernels=none compiles instead")
             else:
                 compile_layers(self.model, device)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
-            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+        self.optimizer = build_adamw(  # float32 master weights under 16-bit ones (master_weights.py)
+            [p for p in self.model.parameters() if p.requires_grad],
+            master_weights=cfg.master_weights_on(torch.finfo(dtype).bits // 8),
+            lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         self.scheduler = self._lr_scheduler()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.max_seq_len = getattr(self.model.config, "max_position_embeddings", None)

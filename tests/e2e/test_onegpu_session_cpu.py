@@ -52,20 +52,27 @@ def test_parity_staleness_and_gsm8k_phases_on_the_cpu(tmp_path):
 
 def test_reasoning_gym_phases_on_the_cpu(tmp_path):
     """reasoning-gym-base (which tasks the base model starts on) and reasoning-gym N TASK (data, base
-    evaluation, N steps, evaluation of the trained model): issue 33's recipe, its command lines on the CPU."""
+    evaluation, N steps, evaluation of the trained model): issue 33's recipe, its command lines on the CPU.
+    The run phase names a model (model=NAME: $work/models/NAME on the GPU, the tiny model here), so its files
+    carry NAME; the base table shows each task's majority-answer baseline (issue 45)."""
     pytest.importorskip("reasoning_gym")
     out = tmp_path / "out"
-    stdout = session(tmp_path, out, "reasoning-gym-base chain_sum,leg_counting", "reasoning-gym 2 chain_sum")
+    stdout = session(tmp_path, out, "reasoning-gym-base chain_sum,leg_counting",
+                     "reasoning-gym 2 chain_sum model=qwen2.5-coder-0.5b")
     assert "=== reasoning-gym took" in stdout and "rlfleet: error" not in stdout, stdout[-3000:]
     assert "wrote 64 train rows (chain_sum)" in stdout and "wrote 8 test rows (chain_sum)" in stdout
     base = json.loads((out / "rg-base.json").read_text())
     assert set(base["by_source"]) <= {"reasoning_gym/chain_sum", "reasoning_gym/leg_counting"}
     assert "reasoning_gym/chain_sum" in base["by_source"]  # leg_counting's may be too long for the tiny model
-    for report in ("rg-chain_sum-base.json", "rg-chain_sum-trained.json"):
+    assert base["by_source"]["reasoning_gym/chain_sum"]["majority_baseline"] is not None
+    assert " baseline " in stdout  # the eval table's column, printed by the base phase
+    for report in ("rg-qwen2.5-coder-0.5b-chain_sum-base.json",
+                   "rg-qwen2.5-coder-0.5b-chain_sum-trained.json"):
         by_source = json.loads((out / report).read_text())["by_source"]
         assert by_source["reasoning_gym/chain_sum"]["prompts"] == 8
         assert by_source["reasoning_gym/chain_sum"]["rule"] == "reasoning_gym"
-    metrics = [json.loads(line) for line in (out / "metrics-rg-chain_sum-2.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line)
+               for line in (out / "metrics-rg-qwen2.5-coder-0.5b-chain_sum-2.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert "val/reasoning_gym/chain_sum/accuracy" in metrics[-1]  # the run evaluated at its last step
     assert len(list(out.iterdir())) <= 8  # what one device call brings back

@@ -135,3 +135,19 @@ def test_a_set_micro_batch_that_does_not_fit_is_refused_as_before() -> None:
     with pytest.raises(ConfigError, match=r"the learner needs about .* GiB .*learner.gpu_memory_utilization"):
         check("the learner", need, 0.5, int(1.2 * GIB), "learner.gpu_memory_utilization",
               "learner.micro_batch_tokens")
+
+
+def test_master_weights_in_the_learner_estimate_by_hand() -> None:
+    # bfloat16 weights with float32 masters (services/learner/master_weights.py): AdamW's two moments in
+    # float32 (8 B a parameter instead of 4) and the float32 copies plus their gradients (8 B)
+    shape = Shape.from_config(SMOL)
+    plain = learner_bytes(shape, 2, micro_batch_tokens=4096, checkpointing=False, logprob_chunk_tokens=0)
+    master = learner_bytes(shape, 2, micro_batch_tokens=4096, checkpointing=False, logprob_chunk_tokens=0,
+                           master_weights=True)
+    assert master["optimizer"] == 8 * 134_515_008
+    assert master["master weights"] == 8 * 134_515_008
+    assert sum(master.values()) - sum(plain.values()) == 12 * 134_515_008
+    from rlfleet.config import LearnerConfig
+
+    assert LearnerConfig().master_weights_on(2) and not LearnerConfig().master_weights_on(4)
+    assert not LearnerConfig(master_weights=False).master_weights_on(2)
