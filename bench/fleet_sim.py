@@ -5,6 +5,11 @@ LearnerServicer (bench/fleetsim/learner.py), the real controller (`rlfleet contr
 ceil(N / --per-host) replica hosts, each serving up to --per-host replicas, every one a gRPC server
 of its own whose engine models an H200 (bench/fleetsim/engine.py, gpu_model.py) and which joins the
 run with the real Join RPC. The controller's CPU and memory are read from /proc while it runs.
+The weight group is a rendezvous over real sockets (bench/fleetsim/rendezvous.py: a member that dies
+inside it hangs the push until the group's timeout, `--group-timeout`); a kill is a crash (the
+replica's RPCs in flight are aborted, its connections drop); --per-host spreads the replicas over
+several processes. Admission latency is a replica's free slot (its Generate ended) to its next
+Generate reaching it; the Train call is also measured beyond the modelled training.
 
 `--slowdown K` multiplies every modelled duration by K (decode, prefill, training, broadcast): the
 fleet then produces 1/K of its real rate, which lets a 2-core machine carry the replicas' and the
@@ -132,7 +137,7 @@ class Sim:
             "rollout": {"backend": "sim", "n": N_SAMPLES, "max_new_tokens": a.max_new_tokens},
             "reward": {"port": self.ports["reward"], "address": f"127.0.0.1:{self.ports['reward']}"},
             "learner": {"port": self.ports["learner"], "address": f"127.0.0.1:{self.ports['learner']}",
-                        "weight_sync_timeout_s": 120},
+                        "weight_sync_timeout_s": a.group_timeout},
             "controller": {"port": self.ports["controller"], "prompts_per_step": batch,
                            "prompts_per_request": a.prompts_per_request, "max_staleness": a.staleness,
                            "max_steps": 1_000_000, "service_wait_s": 300, "connect_timeout_s": 120,
@@ -303,6 +308,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-s", type=float, default=30.0)
     p.add_argument("--watch", action="store_true",
                    help="replicas also run the real membership watch (GetRunStatus every 2 s each)")
+    p.add_argument("--group-timeout", type=float, default=120.0,
+                   help="learner.weight_sync_timeout_s: how long a dead member hangs a push (wall seconds)")
     p.add_argument("--profile", default="", help="path of py-spy: record the controller during the window")
     return p.parse_args(argv)
 

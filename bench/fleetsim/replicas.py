@@ -7,9 +7,9 @@ reflection, interceptors), joined to the controller with the real Join RPC
 on a small machine; the process's own lag is measured (each group's send time against the time the
 modelled GPU finished it) to show it is not the bottleneck.
 
-Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `kill NAME` (the
-server stops at once, no Leave: a crash as the controller sees it), `drain NAME` (Leave, then stop),
-`stop` (writes <out>/host-<id>.json and exits).
+Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `kill NAME` (a crash: the
+server aborts its RPCs in flight, no Leave, its weight-group and controller connections drop),
+`drain NAME` (Leave, then stop), `stop` (writes <out>/host-<id>.json and exits).
 
     python -m bench.fleetsim.replicas CONFIG CONTROLLER OUT_DIR HOST_ID [--watch]
 With --watch each replica also runs the real membership watch (GetRunStatus every 2 s, join again
@@ -55,9 +55,13 @@ class Replica:
             self.member.watch(self.server)
 
     def kill(self) -> None:
+        """A crash as the rest of the run sees it: every RPC in flight (its Generate stream, a pull)
+        is aborted, not ended, its weight-group connection and its channel to the controller drop.
+        The engine's threads are released after the server is gone, so no stream ends cleanly."""
         self.fate, self.ended = "killed", time.time()
+        self.server.stop(grace_s=0)  # in-flight RPCs end CANCELLED on the caller's side
         self.engine.close()
-        self.server.stop(grace_s=0)  # its watch (if any) ends with the server; its channel stays open
+        self.member.close()
 
     def drain(self) -> None:
         self.fate = "drained"
