@@ -47,6 +47,8 @@ FILE_SECONDS = {
     "tests/e2e/test_fleet_drain.py": 27,
     "tests/e2e/test_fleet_sim.py": 26,
     "tests/unit/test_fleetsim_rendezvous.py": 1,
+    "tests/unit/test_dataplane_payload.py": 1,
+    "tests/service/test_dataplane_flight.py": 1,
     "tests/e2e/test_netns.py": 20,
     "tests/e2e/test_arithmetic_recipe.py": 20,
     "tests/e2e/test_replicas.py": 18,
