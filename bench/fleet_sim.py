@@ -263,7 +263,11 @@ class Sim:
         for name in ("learner", "reward"):
             os.killpg(self.procs[name].pid, signal.SIGTERM)
             self.procs[name].wait(timeout=30)
-        result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, self.args.staleness)
+        a = self.args
+        pause = None
+        if a.churn and a.pause_s:
+            pause = (window[0] + a.pause_at, window[0] + a.pause_at + a.pause_s)
+        result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, a.staleness, pause=pause)
         result.update(watch=self.args.watch, replicas=self.args.replicas, staleness=self.args.staleness,
                       churn=self.args.churn,
                       slowdown=self.slowdown, batch=self.batch,

@@ -13,6 +13,7 @@ import json
 import threading
 from collections.abc import Iterable
 
+import pyarrow as pa
 import pyarrow.flight as fl
 
 from rlfleet.errors import InvalidRequest, RlfleetError, ServiceUnavailable
@@ -107,10 +108,13 @@ class PayloadClient:
     def fetch(self, address: str, request_ids: Iterable[str]) -> dict[str, list[TokenPayload]]:
         """The payloads of `request_ids` held at `address`, by request id. PayloadMissing names
         groups it does not hold; ServiceUnavailable: the replica is gone or unreachable."""
+        return from_table(self.fetch_table(address, request_ids))
+
+    def fetch_table(self, address: str, request_ids: Iterable[str]) -> pa.Table:
+        """As fetch, as the Arrow table (payload.SCHEMA): columns a learner can turn into tensors."""
         ids = list(request_ids)
         try:
-            reader = self._client(address).do_get(fl.Ticket(json.dumps(ids).encode()), self._options)
-            return from_table(reader.read_all())
+            return self._client(address).do_get(fl.Ticket(json.dumps(ids).encode()), self._options).read_all()
         except fl.FlightError as exc:
             raise self._error(address, "fetch", exc) from exc
 
