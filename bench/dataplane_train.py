@@ -1,6 +1,7 @@
 """The Train call's payload, inline (today) against the data plane (issue 44), measured side by side.
 
-A batch of G groups x 16 samples of ~303 response tokens (the simulator's length model, bench/fleetsim)
+A batch of G groups x 16 samples of ~303 response tokens (the simulator's length model, bench/fleetsim;
+ids spread over a 151k vocabulary, so varints take 2-3 bytes as with Qwen2.5)
 and 40 prompt tokens. Inline: the controller builds the TrainRequest (rlfleet.rpc.convert), serializes
 it, the learner parses it and converts it back (what the gRPC path does, without the loopback copy).
 Flight: the payloads sit in R replicas' PayloadServers (rlfleet/dataplane, in this process); the
@@ -26,9 +27,10 @@ from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
-from rlfleet.proto.v1 import learner_pb2  # noqa: E402
-from rlfleet.rpc.convert import train_batch_from_proto, train_batch_to_proto  # noqa: E402
-from rlfleet.types import TrainBatch, TrainSample  # noqa: E402
+from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
+from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_from_proto,  # noqa: E402
+                                 train_batch_to_proto)
+from rlfleet.types import Completion, GroupResult, TrainBatch, TrainSample  # noqa: E402
 
 N = 16
 PROMPT = 40
@@ -42,7 +44,7 @@ def main() -> None:
     p.add_argument("--out", default="")
     a = p.parse_args()
     rng, gpu = random.Random(0), GpuModel(max_new_tokens=a.max_new_tokens)
-    groups = {f"p{g}-s{g}": [TokenPayload([(i * 7) % 60 + 3 for i in range(gpu.response_length(rng))],
+    groups = {f"p{g}-s{g}": [TokenPayload([(i * 7919) % 151_000 + 3 for i in range(gpu.response_length(rng))],
                                           [], 3) for _ in range(N)] for g in range(a.groups)}
     groups = {rid: [TokenPayload(s.token_ids, [-0.5 - 1e-3 * (i % 97) for i in range(len(s.token_ids))], 3)
                     for s in ps] for rid, ps in groups.items()}
@@ -64,6 +66,24 @@ def main() -> None:
     inline = {"bytes": len(wire), "build_s": build_s, "serialize_s": send_s, "parse_convert_s": parse_s,
               "total_s": build_s + send_s + parse_s}
 
+    # The controller's own share, per group: parsing a Generate stream message and converting it
+    # (rlfleet.rpc.convert), then its part of the Train request; with and without the token payload
+    # (the data plane's stream carries text, finish reason and versions only).
+    def controller_side(with_tokens: bool) -> float:
+        msgs = []
+        for rid, ps in groups.items():
+            comps = [Completion(s.token_ids if with_tokens else [], s.logprobs if with_tokens else [],
+                                "stop", 3, text="The answer is #### 12") for s in ps]
+            msgs.append(group_to_proto(GroupResult(rid, comps)).SerializeToString())
+        t = time.perf_counter()
+        parsed_groups = [group_from_proto(rollout_pb2.GroupResult.FromString(m)) for m in msgs]
+        batch = [TrainSample(prompt, c.token_ids, c.logprobs, 0.25, 3) for g in parsed_groups
+                 for c in g.completions]
+        train_batch_to_proto(TrainBatch(1, batch, 1.0, 3)).SerializeToString()
+        return (time.perf_counter() - t) / len(groups)
+    controller = {"inline_ms_per_group": 1000 * controller_side(True),
+                  "payload_free_ms_per_group": 1000 * controller_side(False)}
+
     # Flight: each replica holds its share of the groups.
     stores = [MemoryStore() for _ in range(a.replicas)]
     owner = {}
@@ -84,6 +104,15 @@ def main() -> None:
         fetched.update(from_table(tb))
     to_lists_s = time.perf_counter() - t
     assert len(fetched) == len(groups)
+    # What a learner that packs its rows from Arrow needs: flat ids and log-probs and the row offsets
+    # (zero-copy views where the column is one chunk).
+    t = time.perf_counter()
+    flat = 0
+    for tb in tables:
+        for name in ("token_ids", "logprobs"):
+            column = tb.column(name).combine_chunks()
+            flat += column.values.to_numpy().size + column.offsets.to_numpy().size
+    to_numpy_s = time.perf_counter() - t
     control = learner_pb2.TrainRequest(step=1, temperature=1.0, expected_version=3)
     for _ in samples:  # what stays on the control plane: ids (a ~12-byte request id), advantage, version
         s = control.samples.add()
@@ -92,8 +121,9 @@ def main() -> None:
     for s in servers:
         s.shutdown()
     result = {"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
-              "replicas": a.replicas, "inline": inline,
+              "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
               "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
+                         "arrow_to_flat_numpy_s": to_numpy_s,
                          "control_request_bytes": control_bytes},
               "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
     print(json.dumps(result, indent=1))
