@@ -12,7 +12,10 @@ from rlfleet.dataplane.payload import TokenPayload
 
 
 class PayloadMissing(RlfleetError, KeyError):
-    """A fetch named groups the store does not hold (never put, or released already)."""
+    """A fetch named groups the store does not hold (never put, or released already), or whose replica
+    is gone: not the learner's own failure, so not retried as an unreachable learner."""
+
+    grpc_code = "FAILED_PRECONDITION"
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
