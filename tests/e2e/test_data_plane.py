@@ -15,7 +15,8 @@ STEPS = 3
 
 def _run(run_dir, plane: str) -> list[dict]:
     proc = rlfleet("run", f"run.output_dir={run_dir}", f"run.name={plane}", f"controller.max_steps={STEPS}",
-                   "controller.max_staleness=0", f"controller.data_plane={plane}", "learner.verify_weights=true")
+                   "controller.max_staleness=0", f"controller.data_plane={plane}",
+                   "learner.verify_weights=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return read_jsonl(run_dir / plane / "metrics.jsonl")
 
