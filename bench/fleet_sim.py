@@ -102,7 +102,7 @@ class Sim:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         case = (f"n{args.replicas}_s{args.staleness}" + ("_churn" if args.churn else "")
-                + ("_watch" if args.watch else ""))
+                + ("_watch" if args.watch else "") + ("_flight" if args.data_plane == "flight" else ""))
         self.out = Path(args.out) / case
         self.out.mkdir(parents=True, exist_ok=True)
         for old in [*self.out.glob("host-*.json"), self.out / "learner.jsonl", self.out / "learner.pause"]:
@@ -141,7 +141,7 @@ class Sim:
             "controller": {"port": self.ports["controller"], "prompts_per_step": batch,
                            "prompts_per_request": a.prompts_per_request, "max_staleness": a.staleness,
                            "max_steps": 1_000_000, "service_wait_s": 300, "connect_timeout_s": 120,
-                           "rpc_timeout_s": 600},
+                           "rpc_timeout_s": 600, "data_plane": a.data_plane},
             "tracking": {"tensorboard": False},
         }
         import yaml
@@ -268,8 +268,8 @@ class Sim:
         if a.churn and a.pause_s:
             pause = (window[0] + a.pause_at, window[0] + a.pause_at + a.pause_s)
         result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, a.staleness, pause=pause)
-        result.update(watch=self.args.watch, replicas=self.args.replicas, staleness=self.args.staleness,
-                      churn=self.args.churn,
+        result.update(watch=self.args.watch, data_plane=self.args.data_plane, replicas=self.args.replicas,
+                      staleness=self.args.staleness, churn=self.args.churn,
                       slowdown=self.slowdown, batch=self.batch,
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
@@ -312,6 +312,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-s", type=float, default=30.0)
     p.add_argument("--watch", action="store_true",
                    help="replicas also run the real membership watch (GetRunStatus every 2 s each)")
+    p.add_argument("--data-plane", choices=["inline", "flight"], default="inline",
+                   help="controller.data_plane: token payloads through the controller, or on Arrow Flight")
     p.add_argument("--group-timeout", type=float, default=120.0,
                    help="learner.weight_sync_timeout_s: how long a dead member hangs a push (wall seconds)")
     p.add_argument("--profile", default="", help="path of py-spy: record the controller during the window")

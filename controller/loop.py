@@ -36,6 +36,7 @@ from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
 from controller.outputs import RunWriter
+from controller.payload_loss import lost_groups
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.sample_quota import SampleQuota
@@ -207,6 +208,25 @@ class GRPOLoop(GenerationSide):
                 self._cond.notify_all()
         return batch, dropped
 
+    def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
+                      exc: BaseException) -> tuple[list[ScoredGroup], Counter[str]]:
+        """The learner could not fetch `lost`'s payloads: their prompts are re-queued (generated again,
+        with their request's seed), the batch's other groups go back to the buffer, and a batch is taken
+        again."""
+        log.warning("data plane: a step's payloads are gone; re-queueing their prompts", groups=len(lost),
+                    error=str(exc)[:300])
+        with self._cond:
+            for g in lost:
+                self._note("requeued", seq=g.seq, reason="payload_lost", replica=g.replica)
+                dispatch = self._live.get(g.seq)
+                self._requeue.appendleft(Dispatch(dispatch.seed if dispatch else None, [(g.seq, g.prompt)]))
+            gone = {g.seq for g in lost}
+            for g in groups:
+                if g.seq not in gone:
+                    heapq.heappush(self._buffer, (g.version, g.seq, g))
+            self._cond.notify_all()
+        return self._take_batch(version)
+
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
         dropped[reason] += 1
         self._dropped_since_step[reason] += 1
@@ -318,11 +338,20 @@ class GRPOLoop(GenerationSide):
                 step_start = time.perf_counter()
                 groups, dropped = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
-                samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
-                batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
-                                   expected_version=version)
-                result = self.recovery.train(batch)  # retried only because Train is idempotent
+                while True:
+                    samples, sample_metrics = self.samples.build(groups)
+                    batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
+                                       expected_version=version)
+                    try:
+                        result = self.recovery.train(batch)  # retried only because Train is idempotent
+                        break
+                    except RlfleetError as exc:  # data_plane=flight: a replica took its groups' tokens along
+                        lost = lost_groups(groups, exc)
+                        if not lost:
+                            raise
+                        groups, more = self._retake_batch(groups, lost, version, exc)
+                        dropped.update(more)
                 self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
                 with self._cond:

@@ -100,7 +100,14 @@ def main() -> None:
     config, out_dir, tokens_per_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
     cfg = load_config(config)
     gpu = GpuModel(**json.loads(os.environ.get(GPU_ENV) or "{}"))
-    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits)
+    payloads = None
+    if cfg.controller.data_plane == "flight":  # as `rlfleet serve learner` does
+        from rlfleet.dataplane.flight import PayloadClient
+        from rlfleet.rpc.security import Security
+
+        payloads = PayloadClient(Security.from_config(cfg.security, cfg.limits),
+                                 timeout_s=cfg.controller.rpc_timeout_s)
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, payloads=payloads)
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, lambda: servicer.attach(SimLearner(gpu, tokens_per_s, out_dir)), uses_torch=False)
 

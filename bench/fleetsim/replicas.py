@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlfleet.config import load_config
+from rlfleet.dataplane.flight import PayloadServer
+from rlfleet.dataplane.store import MemoryStore
 from rlfleet.extensions import ROLLOUT_ENGINES
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.proto.v1 import rollout_pb2_grpc
@@ -43,6 +45,10 @@ class Replica:
         self.engine.factor = factor
         self.servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
         self.servicer.attach(self.engine)
+        self.payload_server = None
+        if cfg.controller.data_plane == "flight":  # as `rlfleet serve rollout` does: its own Flight server
+            self.payload_server = PayloadServer(MemoryStore(), "127.0.0.1", 0, security)
+            self.servicer.payloads = (self.payload_server.store, self.payload_server.address)
         self.server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=4, security=security)
         self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server, self.servicer)
         self.server.start()
@@ -62,6 +68,13 @@ class Replica:
         self.server.stop(grace_s=0)  # in-flight RPCs end CANCELLED on the caller's side
         self.engine.close()
         self.member.close()
+        self._stop_payloads()
+
+    def _stop_payloads(self) -> None:
+        """The groups it held go with it (a crash loses them; a learner's fetch then fails)."""
+        if self.payload_server is not None:
+            self.payload_server.shutdown()
+            self.payload_server = None
 
     def drain(self) -> None:
         self.fate = "drained"
@@ -77,6 +90,7 @@ class Replica:
             self.engine.close()
             self.server.stop(grace_s=0)
             self.member.close()
+        self._stop_payloads()
 
     def log(self) -> dict:
         return {"name": self.name, "address": self.server.address, "started": self.started,
