@@ -50,7 +50,7 @@ FILE_SECONDS = {
     "tests/unit/test_dataplane_payload.py": 1,
     "tests/service/test_dataplane_flight.py": 1,
     "tests/service/test_dataplane_round_trip.py": 1,
-    "tests/e2e/test_data_plane.py": 36,
+    "tests/e2e/test_data_plane.py": 50,
     "tests/unit/test_payload_loss.py": 1,
     "tests/e2e/test_netns.py": 20,
     "tests/e2e/test_arithmetic_recipe.py": 20,
