@@ -26,7 +26,7 @@ FILE_SECONDS = {
     "tests/e2e/test_faults.py": 109,
     "tests/e2e/test_onegpu_session_cpu.py": 102,
     "tests/deploy/test_slurm.py": 95,
-    "tests/e2e/test_resume.py": 92,
+    "tests/e2e/test_resume.py": 122,
     "tests/e2e/test_environments.py": 75,
     "tests/e2e/test_fleet.py": 72,
     "tests/e2e/test_stall.py": 71,  # measured alone on the 2-core machine, 2026-12-05 (issue 42)
