@@ -23,7 +23,7 @@ FILE_SECONDS = {
     "tests/e2e/test_algorithms.py": 151,
     "tests/e2e/test_external_reward.py": 125,
     "tests/e2e/test_sft.py": 117,
-    "tests/e2e/test_faults.py": 109,
+    "tests/e2e/test_faults.py": 145,
     "tests/e2e/test_onegpu_session_cpu.py": 102,
     "tests/deploy/test_slurm.py": 95,
     "tests/e2e/test_resume.py": 122,
