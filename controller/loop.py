@@ -37,6 +37,7 @@ from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.payload_loss import lost_groups
+from controller.payload_release import PayloadReleaser
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.sample_quota import SampleQuota
@@ -100,6 +101,7 @@ class GRPOLoop(GenerationSide):
         self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s, cfg.reward.max_outage_s)
+        self.releaser = payload_releaser(cfg)  # data_plane=flight: dropped groups leave their replicas
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
@@ -235,6 +237,8 @@ class GRPOLoop(GenerationSide):
         self._note("dropped", seq=group.seq, reason=reason, version=group.version,
                    train_version=train_version)
         self._keep_failed_episodes(group, reason)
+        if self.releaser is not None:
+            self.releaser.release(group)
 
     def _keep_failed_episodes(self, group: ScoredGroup, reason: str) -> None:
         """The failed episodes of a dropped group go to samples/train.jsonl at once, with their error and
@@ -454,6 +458,19 @@ class GRPOLoop(GenerationSide):
                     **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
                     **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})}
                    if c.turns or c.failed else {})}
+
+
+RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
+
+
+def payload_releaser(cfg: JobConfig) -> PayloadReleaser | None:
+    if cfg.controller.data_plane != "flight":
+        return None
+    from rlfleet.dataplane.flight import PayloadClient
+    from rlfleet.rpc.security import Security
+
+    return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
+                                         timeout_s=RELEASE_TIMEOUT_S))
 
 
 def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:
