@@ -53,6 +53,7 @@ FILE_SECONDS = {
     "tests/e2e/test_data_plane.py": 50,
     "tests/unit/test_payload_loss.py": 1,
     "tests/service/test_payload_release.py": 1,
+    "tests/unit/test_data_plane_address.py": 1,
     "tests/e2e/test_netns.py": 20,
     "tests/e2e/test_arithmetic_recipe.py": 20,
     "tests/e2e/test_replicas.py": 18,
