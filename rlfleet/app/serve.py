@@ -34,8 +34,8 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
         from rlfleet.dataplane.store import MemoryStore
 
         payload_server = PayloadServer(MemoryStore(), cfg.rollout.host, 0, security)
-        seen_as = advertise.rsplit(":", 1)[0] if advertise else cfg.rollout.host
-        servicer.payloads = (payload_server.store, f"{seen_as}:{payload_server.port}")
+        address = data_plane_address(cfg.rollout.host, payload_server.port, advertise, join)
+        servicer.payloads = (payload_server.store, address)
 
     def load() -> None:
         from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
@@ -62,6 +62,15 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     finally:
         if payload_server is not None:
             payload_server.shutdown()
+
+
+def data_plane_address(bound_host: str, port: int, advertise: str | None, towards: str | None) -> str:
+    """Where the learner reaches a replica's data plane: --advertise's host (its port is the gRPC
+    server's), else as the replica's own gRPC address (a wildcard bind: the interface towards `towards`)."""
+    from rlfleet.app.fleet_member import advertised_address
+
+    host = advertise.rsplit(":", 1)[0] if advertise and ":" in advertise.rsplit("]", 1)[-1] else advertise
+    return f"{host}:{port}" if host else advertised_address(f"{bound_host}:{port}", None, towards=towards)
 
 
 def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
