@@ -230,8 +230,8 @@ class ControllerConfig(Section):
         "inline", description="how token ids and log-probs reach the learner: inline, through the "
         "controller on the Generate stream and in the Train request; flight, held by each rollout replica "
         "on an Arrow Flight server (rlfleet/dataplane) and fetched by the learner, the controller seeing "
-        "ids, lengths, versions and rewards only (issue 44; fault recovery and resume are not yet "
-        "guaranteed on flight: docs/performance.md)")
+        "ids, lengths, versions and rewards only (issue 44; not yet the default: docs/performance.md, "
+        "'The data plane', says what is left)")
     rpc_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one Generate/Score/Train call")
     connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")
     samples_per_step: int | None = Field(None, ge=0, description="samples written to samples/ per step; "
