@@ -5,6 +5,11 @@ LearnerServicer (bench/fleetsim/learner.py), the real controller (`rlfleet contr
 ceil(N / --per-host) replica hosts, each serving up to --per-host replicas, every one a gRPC server
 of its own whose engine models an H200 (bench/fleetsim/engine.py, gpu_model.py) and which joins the
 run with the real Join RPC. The controller's CPU and memory are read from /proc while it runs.
+The weight group is a rendezvous over real sockets (bench/fleetsim/rendezvous.py: a member that dies
+inside it hangs the push until the group's timeout, `--group-timeout`); a kill is a crash (the
+replica's RPCs in flight are aborted, its connections drop); --per-host spreads the replicas over
+several processes. Admission latency is a replica's free slot (its Generate ended) to its next
+Generate reaching it; the Train call is also measured beyond the modelled training.
 
 `--slowdown K` multiplies every modelled duration by K (decode, prefill, training, broadcast): the
 fleet then produces 1/K of its real rate, which lets a 2-core machine carry the replicas' and the
@@ -97,7 +102,7 @@ class Sim:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         case = (f"n{args.replicas}_s{args.staleness}" + ("_churn" if args.churn else "")
-                + ("_watch" if args.watch else ""))
+                + ("_watch" if args.watch else "") + ("_flight" if args.data_plane == "flight" else ""))
         self.out = Path(args.out) / case
         self.out.mkdir(parents=True, exist_ok=True)
         for old in [*self.out.glob("host-*.json"), self.out / "learner.jsonl", self.out / "learner.pause"]:
@@ -132,11 +137,11 @@ class Sim:
             "rollout": {"backend": "sim", "n": N_SAMPLES, "max_new_tokens": a.max_new_tokens},
             "reward": {"port": self.ports["reward"], "address": f"127.0.0.1:{self.ports['reward']}"},
             "learner": {"port": self.ports["learner"], "address": f"127.0.0.1:{self.ports['learner']}",
-                        "weight_sync_timeout_s": 120},
+                        "weight_sync_timeout_s": a.group_timeout},
             "controller": {"port": self.ports["controller"], "prompts_per_step": batch,
                            "prompts_per_request": a.prompts_per_request, "max_staleness": a.staleness,
                            "max_steps": 1_000_000, "service_wait_s": 300, "connect_timeout_s": 120,
-                           "rpc_timeout_s": 600},
+                           "rpc_timeout_s": 600, "data_plane": a.data_plane},
             "tracking": {"tensorboard": False},
         }
         import yaml
@@ -258,9 +263,13 @@ class Sim:
         for name in ("learner", "reward"):
             os.killpg(self.procs[name].pid, signal.SIGTERM)
             self.procs[name].wait(timeout=30)
-        result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, self.args.staleness)
-        result.update(watch=self.args.watch, replicas=self.args.replicas, staleness=self.args.staleness,
-                      churn=self.args.churn,
+        a = self.args
+        pause = None
+        if a.churn and a.pause_s:
+            pause = (window[0] + a.pause_at, window[0] + a.pause_at + a.pause_s)
+        result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, a.staleness, pause=pause)
+        result.update(watch=self.args.watch, data_plane=self.args.data_plane, replicas=self.args.replicas,
+                      staleness=self.args.staleness, churn=self.args.churn,
                       slowdown=self.slowdown, batch=self.batch,
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
@@ -303,6 +312,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-s", type=float, default=30.0)
     p.add_argument("--watch", action="store_true",
                    help="replicas also run the real membership watch (GetRunStatus every 2 s each)")
+    p.add_argument("--data-plane", choices=["inline", "flight"], default="inline",
+                   help="controller.data_plane: token payloads through the controller, or on Arrow Flight")
+    p.add_argument("--group-timeout", type=float, default=120.0,
+                   help="learner.weight_sync_timeout_s: how long a dead member hangs a push (wall seconds)")
     p.add_argument("--profile", default="", help="path of py-spy: record the controller during the window")
     return p.parse_args(argv)
 

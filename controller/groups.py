@@ -43,8 +43,9 @@ class ScoredGroup:
         advantages = (estimator(rewards) if estimator else group_advantages(rewards)) if kept else []
         return [TrainSample(prompt_ids=context_prompt(self.prompt.prompt_ids, c), response_ids=c.token_ids,
                             behaviour_logprobs=c.logprobs, advantage=float(a),
-                            generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask)
-                for (c, _), a, r in zip(kept, advantages, rewards) if c.token_ids]
+                            generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask,
+                            payload=c.payload)
+                for (c, _), a, r in zip(kept, advantages, rewards) if c.response_tokens]
 
 
 def context_prompt(prompt_ids: list[int], c: Completion) -> list[int]:

@@ -36,6 +36,8 @@ from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
 from controller.outputs import RunWriter
+from controller.payload_loss import lost_groups
+from controller.payload_release import PayloadReleaser
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.sample_quota import SampleQuota
@@ -99,6 +101,7 @@ class GRPOLoop(GenerationSide):
         self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s, cfg.reward.max_outage_s)
+        self.releaser = payload_releaser(cfg)  # data_plane=flight: dropped groups leave their replicas
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
@@ -207,6 +210,25 @@ class GRPOLoop(GenerationSide):
                 self._cond.notify_all()
         return batch, dropped
 
+    def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
+                      exc: BaseException) -> tuple[list[ScoredGroup], Counter[str]]:
+        """The learner could not fetch `lost`'s payloads: their prompts are re-queued (generated again,
+        with their request's seed), the batch's other groups go back to the buffer, and a batch is taken
+        again."""
+        log.warning("data plane: a step's payloads are gone; re-queueing their prompts", groups=len(lost),
+                    error=str(exc)[:300])
+        with self._cond:
+            for g in lost:
+                self._note("requeued", seq=g.seq, reason="payload_lost", replica=g.replica)
+                dispatch = self._live.get(g.seq)
+                self._requeue.appendleft(Dispatch(dispatch.seed if dispatch else None, [(g.seq, g.prompt)]))
+            gone = {g.seq for g in lost}
+            for g in groups:
+                if g.seq not in gone:
+                    heapq.heappush(self._buffer, (g.version, g.seq, g))
+            self._cond.notify_all()
+        return self._take_batch(version)
+
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
         dropped[reason] += 1
         self._dropped_since_step[reason] += 1
@@ -215,6 +237,8 @@ class GRPOLoop(GenerationSide):
         self._note("dropped", seq=group.seq, reason=reason, version=group.version,
                    train_version=train_version)
         self._keep_failed_episodes(group, reason)
+        if self.releaser is not None:
+            self.releaser.release(group)
 
     def _keep_failed_episodes(self, group: ScoredGroup, reason: str) -> None:
         """The failed episodes of a dropped group go to samples/train.jsonl at once, with their error and
@@ -318,11 +342,20 @@ class GRPOLoop(GenerationSide):
                 step_start = time.perf_counter()
                 groups, dropped = self._take_batch(version)
                 wait_s = time.perf_counter() - step_start
-                samples, sample_metrics = self.samples.build(groups)
                 t0 = time.perf_counter()
-                batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
-                                   expected_version=version)
-                result = self.recovery.train(batch)  # retried only because Train is idempotent
+                while True:
+                    samples, sample_metrics = self.samples.build(groups)
+                    batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
+                                       expected_version=version)
+                    try:
+                        result = self.recovery.train(batch)  # retried only because Train is idempotent
+                        break
+                    except RlfleetError as exc:  # data_plane=flight: a replica took its groups' tokens along
+                        lost = lost_groups(groups, exc)
+                        if not lost:
+                            raise
+                        groups, more = self._retake_batch(groups, lost, version, exc)
+                        dropped.update(more)
                 self.recovery.last_batch = batch  # replayed if the learner restarts before its checkpoint
                 train_s = time.perf_counter() - t0
                 with self._cond:
@@ -425,6 +458,19 @@ class GRPOLoop(GenerationSide):
                     **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
                     **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})}
                    if c.turns or c.failed else {})}
+
+
+RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
+
+
+def payload_releaser(cfg: JobConfig) -> PayloadReleaser | None:
+    if cfg.controller.data_plane != "flight":
+        return None
+    from rlfleet.dataplane.flight import PayloadClient
+    from rlfleet.rpc.security import Security
+
+    return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
+                                         timeout_s=RELEASE_TIMEOUT_S))
 
 
 def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:

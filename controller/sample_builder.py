@@ -33,7 +33,7 @@ def overlong_penalty(length: int, max_tokens: int, buffer_tokens: float, penalty
 def shaped_length(c: Completion) -> int:
     """The length the overlong penalty judges: the response, or for a multi-turn episode its final turn
     (rollout.max_new_tokens bounds one turn; observations are not the model's length)."""
-    return c.turns[-1].generated_tokens if c.turns else len(c.token_ids)
+    return c.turns[-1].generated_tokens if c.turns else c.response_tokens
 
 
 class SampleBuilder:

@@ -22,10 +22,10 @@ def step_metrics(step: int, train_version: int, groups: list[ScoredGroup], sampl
                  learner_metrics: dict[str, float], *, dropped: Mapping[str, int], wait_s: float,
                  train_s: float, sync_s: float, step_s: float) -> dict[str, Any]:
     rewards = [score for g in groups for _, score in g.scored()]
-    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    lengths = [c.response_tokens for g in groups for c in g.completions]
     truncated = [c.finish_reason == "length" for g in groups for c in g.completions]
     staleness = [train_version - g.version for g in groups]
-    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    tokens = sum(len(s.prompt_ids) + s.response_tokens for s in samples)
     metrics: dict[str, Any] = {
         "step": step,
         "policy_version": train_version,

@@ -226,6 +226,12 @@ class ControllerConfig(Section):
         None, ge=1, description="prompts sent in one Generate call; null: as many as fill a replica's "
         "rollout.max_batch_sequences (max_batch_sequences // n), at most prompts_per_step spread over the "
         "replicas")
+    data_plane: Literal["inline", "flight"] = Field(
+        "inline", description="how token ids and log-probs reach the learner: inline, through the "
+        "controller on the Generate stream and in the Train request; flight, held by each rollout replica "
+        "on an Arrow Flight server (rlfleet/dataplane) and fetched by the learner, the controller seeing "
+        "ids, lengths, versions and rewards only (issue 44; not yet the default: docs/performance.md, "
+        "'The data plane', says what is left)")
     rpc_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one Generate/Score/Train call")
     connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")
     samples_per_step: int | None = Field(None, ge=0, description="samples written to samples/ per step; "
@@ -297,6 +303,9 @@ class JobConfig(Section):
                              "layers do not allow; watch rollout/logprob_diff_mean instead")
         if self.learner.world_size > 1 and self.learner.lora.rank > 0:
             raise ValueError("learner.world_size > 1 does not support learner.lora yet")
+        if self.learner.world_size > 1 and self.controller.data_plane == "flight":
+            raise ValueError("controller.data_plane=flight needs learner.world_size=1 (the sharded learner "
+                             "does not fetch from the data plane yet)")
         if self.controller.prompts_per_request is None:  # resolved here, so config.yaml says what ran
             self.controller.prompts_per_request = default_prompts_per_request(self)
         n, per_request = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request

@@ -57,6 +57,17 @@ class TurnRecord:
 
 
 @dataclass(frozen=True)
+class PayloadRef:
+    """Where one sample's token payload waits on the data plane: a replica's Flight address, its group's
+    request id, its index in the group (rlfleet/dataplane)."""
+
+    address: str
+    request_id: str
+    sample: int
+    length: int = 0  # its token count (the controller's figures; the learner counts what it fetched)
+
+
+@dataclass(frozen=True)
 class Completion:
     # Lists where an engine made them; received over gRPC, the message's own sequences (read-only
     # by convention: rlfleet.rpc.convert.completion_from_proto)
@@ -78,6 +89,14 @@ class Completion:
     # opening observation re-adds after itself): the context is prompt_ids[:len - prompt_trim] + token_ids.
     prompt_trim: int = 0
     env_metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics, episode means
+    # controller.data_plane=flight: token_ids and logprobs stay on the replica (rlfleet/dataplane) and are
+    # empty here; `payload` says where they are and how many tokens they hold.
+    payload: PayloadRef | None = None
+
+    @property
+    def response_tokens(self) -> int:
+        """The response's token count, wherever its ids are."""
+        return self.payload.length if self.payload is not None else len(self.token_ids)
 
     @property
     def failed(self) -> bool:
@@ -94,6 +113,7 @@ class Completion:
 class GroupResult:
     request_id: str
     completions: list[Completion]
+    payload_address: str = ""  # data plane: the replica's Flight address holding the token payloads
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,13 @@ class TrainSample:
     generation_version: int
     reward: float = 0.0  # the sample's (shaped) reward, for estimators the learner runs (gae, reinforce_pp)
     loss_mask: list[int] | None = None  # per response token, 0: not trained on (an observation); None: all 1
+    payload: PayloadRef | None = None  # data plane: response_ids and behaviour_logprobs are fetched from it
+
+    @property
+    def response_tokens(self) -> int:
+        if self.payload is not None and not self.response_ids:
+            return self.payload.length
+        return len(self.response_ids)
 
 
 @dataclass(frozen=True)

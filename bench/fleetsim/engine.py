@@ -3,7 +3,8 @@
 It implements services.rollout.engine.RolloutEngine and is created through the engine registry
 (`rollout.backend=sim` once bench/fleetsim/plugin.py is in `algorithm.plugins`), so the real
 RolloutServicer serves it: Generate streams each group when the modelled GPU would have finished
-it, PullWeights takes the modelled broadcast's time and then serves the new version. Token ids and
+it, PullWeights waits for the learner's push in the modelled weight group (bench/fleetsim/rendezvous.py)
+and then serves the new version. Token ids and
 log-probs are slices of fixed arrays: the payload has the real size, its content means nothing.
 
 Every engine keeps a log of what it did (busy intervals, each group's due and actual send time),
@@ -18,9 +19,11 @@ import threading
 import time
 from collections.abc import Iterator
 
+from rlfleet.errors import WeightSyncError
 from rlfleet.types import Completion, GroupResult, PromptRequest, SamplingParams
 from services.rollout.engine import RolloutEngine, check_prompts
 from bench.fleetsim.gpu_model import GpuModel
+from bench.fleetsim.rendezvous import RendezvousMember
 
 GPU_ENV = "RLFLEET_SIM_GPU"  # JSON of GpuModel's fields; unset: the defaults
 VOCAB = 64  # the simulator's model folder (bench/fleetsim/model_dir.py)
@@ -38,6 +41,7 @@ class SimEngine(RolloutEngine):
         self.policy_version = 0
         self._rng = random.Random(seed)
         self._world_size = 1
+        self._member: RendezvousMember | None = None  # this replica's rank in the weight group
         self._tokens = [(i * 7 + 3) % (VOCAB - 3) + 3 for i in range(model.max_new_tokens * 4)]
         self._logprobs = [-0.5] * len(self._tokens)
         self._stopped = threading.Event()
@@ -71,17 +75,25 @@ class SimEngine(RolloutEngine):
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str, timeout_s: float,
                           token: str | None = None) -> None:
         self._world_size = world_size
+        if self._member is not None:
+            self._member.close()
+        self._member = RendezvousMember(address, rank, timeout_s)
 
     def pull_weights(self, version: int) -> dict[str, float]:
+        """Blocks until the learner's push of `version` ends (bench/fleetsim/rendezvous.py: the
+        rendezvous, a dead member hanging the broadcast, then the modelled broadcast's time)."""
         start = time.time()
-        seconds = self.model.broadcast_s(self._world_size)
-        self._stopped.wait(seconds)
+        if self._member is None:
+            raise WeightSyncError("no weight group joined")
+        self._member.pull(version)
         self.policy_version = version
         self.pulls.append((start, time.time()))
         return {"version": version, "bytes": float(self.model.link.bytes), "seconds": time.time() - start}
 
     def close(self) -> None:
         self._stopped.set()
+        if self._member is not None:
+            self._member.close()
 
     def log(self) -> dict:
         return {"busy": self.busy, "pulls": self.pulls, "sent": self.sent, "factor": self.factor}

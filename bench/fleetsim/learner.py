@@ -1,5 +1,6 @@
 """A simulated learner behind the real LearnerServicer: training takes tokens / rate, a push takes
-the modelled broadcast's time (bench/fleetsim/gpu_model.py).
+the modelled weight group's time: the rendezvous, a dead member hanging the broadcast until the
+group's timeout, then the modelled broadcast (bench/fleetsim/rendezvous.py, gpu_model.py).
 
 The learner core has no abstract interface of its own (services/learner/learner.py's Learner is
 concrete); SimLearner offers the attributes and methods LearnerServicer calls on it. Train keeps
@@ -22,6 +23,7 @@ from rlfleet.errors import VersionMismatch
 from rlfleet.types import TrainBatch, TrainResult
 from services.learner.step_results import StepResults
 from bench.fleetsim.gpu_model import GpuModel
+from bench.fleetsim.rendezvous import RendezvousServer
 
 
 class SimLearner:
@@ -31,7 +33,8 @@ class SimLearner:
         self.checkpoint_dir = out_dir / "checkpoints"
         self.version, self.step = 0, 0
         self.step_results = StepResults()
-        self._groups: dict[str, int] = {}  # address -> world size
+        self._groups: dict[str, tuple[int, float]] = {}  # address -> world size, timeout
+        self.rendezvous = RendezvousServer()
         self._last = ""
         self._lock = threading.Lock()
         self._log = open(out_dir / "learner.jsonl", "a", buffering=1)  # noqa: SIM115 - for the process
@@ -45,8 +48,10 @@ class SimLearner:
             if batch.expected_version >= 0 and batch.expected_version != self.version:
                 raise VersionMismatch(f"train step {batch.step} expected policy version "
                                       f"{batch.expected_version}, learner is at {self.version}")
+            paused = time.time()
             while (self.out_dir / "learner.pause").exists():
                 time.sleep(0.05)
+            paused = time.time() - paused
             tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batch.samples)
             seconds = tokens / self.tokens_per_s * self.gpu.slowdown
             time.sleep(seconds)
@@ -58,13 +63,14 @@ class SimLearner:
             result = TrainResult(policy_version=self.version, metrics=metrics)
             self.step_results.record(batch, result)
             self._log.write(json.dumps({"step": batch.step, "arrived": arrived, "done": time.time(),
-                                        "samples": len(batch.samples), "tokens": tokens}) + "\n")
+                                        "samples": len(batch.samples), "tokens": tokens,
+                                        "modelled_s": seconds, "paused_s": paused}) + "\n")
             return result
 
     def open_weight_group(self, world_size: int, host: str, timeout_s: float, token: str | None = None,
                           members: list[str] | None = None) -> tuple[str, str]:
-        address = f"sim-{len(self._groups)}:{world_size}"  # a group is named by its address
-        self._groups[address] = world_size
+        address = self.rendezvous.open(world_size)  # a group is named by its address
+        self._groups[address] = (world_size, timeout_s)
         self._last = address
         return address, "nccl"
 
@@ -77,7 +83,9 @@ class SimLearner:
             if version != self.version:
                 raise VersionMismatch(f"push of version {version} asked, learner is at {self.version}")
             start = time.perf_counter()
-            time.sleep(self.gpu.broadcast_s(self._groups.get(group or self._last, 1)))
+            address = group or self._last
+            world_size, timeout_s = self._groups[address]
+            self.rendezvous.push(address, version, timeout_s, self.gpu.broadcast_s(world_size))
             return {"bytes": self.gpu.link.bytes, "seconds": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> Path:
@@ -97,7 +105,14 @@ def main() -> None:
     config, out_dir, tokens_per_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
     cfg = load_config(config)
     gpu = GpuModel(**json.loads(os.environ.get(GPU_ENV) or "{}"))
-    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits)
+    payloads = None
+    if cfg.controller.data_plane == "flight":  # as `rlfleet serve learner` does
+        from rlfleet.dataplane.flight import PayloadClient
+        from rlfleet.rpc.security import Security
+
+        payloads = PayloadClient(Security.from_config(cfg.security, cfg.limits),
+                                 timeout_s=cfg.controller.rpc_timeout_s)
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, payloads=payloads)
     run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
                 servicer, lambda: servicer.attach(SimLearner(gpu, tokens_per_s, out_dir)), uses_torch=False)
 

@@ -25,7 +25,9 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 
 def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[float, float],
             rss_mb: list[float], ideal_per_replica: float, staleness: int,
-            samples_per_group: int = 16) -> dict:
+            samples_per_group: int = 16, pause: tuple[float, float] | None = None) -> dict:
+    """`pause`: when the churn run's learner was paused (wall clock); admission is also given
+    without the slots freed in it, which wait for the pause by design (the staleness gate)."""
     t0, t1 = window
     events = read_journal(run_dir / "journal" / "prompts.jsonl")
     trained = [e for e in events if e["event"] == "trained"]
@@ -49,6 +51,13 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
                  if s in scored and s in received and t0 <= sent[s] <= t1]
     to_batch = [arrived[e["step"]] - sent[e["seq"]] for e in in_window
                 if e["step"] in arrived and e["seq"] in sent]
+    # Admission: a replica's free slot (its Generate stream ended) to its next prompt dispatched (the
+    # next Generate reaching its engine), whatever held it: the staleness gate, the controller's threads.
+    gaps = [(a[1], b[0]) for r in replicas
+            for a, b in zip(sorted(r["busy"]), sorted(r["busy"])[1:]) if t0 <= a[1] <= t1]
+    admission = [b - a for a, b in gaps]
+    p0, p1 = pause or (0.0, 0.0)
+    admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]
     # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
     idle, alive_total, ideal = [], 0.0, 0.0
     for r in replicas:
@@ -78,6 +87,12 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     ages = Counter(e["version"] - e["generation_version"] for e in trained)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     sync = [m["timing/weight_sync_s"] for m in metrics if "timing/weight_sync_s" in m]
+    # The Train call beyond the modelled training: building, sending and parsing the batch, the reply
+    # (and a push holding the learner's lock); the churn run's learner pause is taken out.
+    by_step = {s["step"]: s for s in steps}
+    train_extra = [m["timing/train_s"] - by_step[m["step"]]["modelled_s"] - by_step[m["step"]]["paused_s"]
+                   for m in metrics if m.get("step") in by_step and "modelled_s" in by_step[m["step"]]
+                   and t0 <= by_step[m["step"]]["done"] <= t1]
     return {
         "window": [t0, t1], "cpu": list(cpu), "rss_mb": rss_mb,
         "window_s": span, "groups": groups, "groups_per_s": groups / span,
@@ -94,6 +109,12 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "receive_ms_p50": 1000 * percentile(to_controller, 50),
         "receive_ms_p99": 1000 * percentile(to_controller, 99),
         "score_ms_p50": 1000 * percentile(to_scored, 50), "score_ms_p99": 1000 * percentile(to_scored, 99),
+        "admission_ms_p50": 1000 * percentile(admission, 50),
+        "admission_ms_p99": 1000 * percentile(admission, 99),
+        "admission_ms_p99_outside_pause": 1000 * percentile(admission_outside, 99),
+        "admission_count": len(admission), "pause_window": list(pause) if pause else None,
+        "train_call_beyond_modelled_s_p50": percentile(train_extra, 50),
+        "train_call_beyond_modelled_s_max": max(train_extra) if train_extra else float("nan"),
         "to_batch_ms_p50": 1000 * percentile(to_batch, 50),
         "to_batch_ms_p99": 1000 * percentile(to_batch, 99),
         "staleness_hist": {str(k): v for k, v in sorted(ages.items())},
@@ -145,8 +166,12 @@ def membership(events: list[dict], t0: float, t1: float) -> dict:
 
 def reanalyse(case: Path) -> dict:
     old = json.loads((case / "result.json").read_text())
+    pause = old.get("pause_window")
+    if pause is None and old.get("churn"):  # runs before the field: fleet_sim's defaults (20 s, 30 s)
+        pause = [old["window"][0] + 20.0, old["window"][0] + 50.0]
     new = analyse(case, case / "run", tuple(old["window"]), tuple(old["cpu"]), old["rss_mb"],
-                  old["ideal_per_replica_real"] / old["slowdown"], old["staleness"])
+                  old["ideal_per_replica_real"] / old["slowdown"], old["staleness"],
+                  pause=tuple(pause) if pause else None)
     merged = {**old, **new}
     (case / "result.json").write_text(json.dumps(merged, indent=1))
     return merged

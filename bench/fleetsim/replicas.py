@@ -7,9 +7,9 @@ reflection, interceptors), joined to the controller with the real Join RPC
 on a small machine; the process's own lag is measured (each group's send time against the time the
 modelled GPU finished it) to show it is not the bottleneck.
 
-Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `kill NAME` (the
-server stops at once, no Leave: a crash as the controller sees it), `drain NAME` (Leave, then stop),
-`stop` (writes <out>/host-<id>.json and exits).
+Commands, one a line on stdin: `join NAME [FACTOR]` (FACTOR > 1: a straggler), `kill NAME` (a crash: the
+server aborts its RPCs in flight, no Leave, its weight-group and controller connections drop),
+`drain NAME` (Leave, then stop), `stop` (writes <out>/host-<id>.json and exits).
 
     python -m bench.fleetsim.replicas CONFIG CONTROLLER OUT_DIR HOST_ID [--watch]
 With --watch each replica also runs the real membership watch (GetRunStatus every 2 s, join again
@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlfleet.config import load_config
+from rlfleet.dataplane.flight import PayloadServer
+from rlfleet.dataplane.store import MemoryStore
 from rlfleet.extensions import ROLLOUT_ENGINES
 from rlfleet.models.resolve import resolve_model_path
 from rlfleet.proto.v1 import rollout_pb2_grpc
@@ -43,6 +45,10 @@ class Replica:
         self.engine.factor = factor
         self.servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
         self.servicer.attach(self.engine)
+        self.payload_server = None
+        if cfg.controller.data_plane == "flight":  # as `rlfleet serve rollout` does: its own Flight server
+            self.payload_server = PayloadServer(MemoryStore(), "127.0.0.1", 0, security)
+            self.servicer.payloads = (self.payload_server.store, self.payload_server.address)
         self.server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=4, security=security)
         self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server, self.servicer)
         self.server.start()
@@ -55,9 +61,20 @@ class Replica:
             self.member.watch(self.server)
 
     def kill(self) -> None:
+        """A crash as the rest of the run sees it: every RPC in flight (its Generate stream, a pull)
+        is aborted, not ended, its weight-group connection and its channel to the controller drop.
+        The engine's threads are released after the server is gone, so no stream ends cleanly."""
         self.fate, self.ended = "killed", time.time()
+        self.server.stop(grace_s=0)  # in-flight RPCs end CANCELLED on the caller's side
         self.engine.close()
-        self.server.stop(grace_s=0)  # its watch (if any) ends with the server; its channel stays open
+        self.member.close()
+        self._stop_payloads()
+
+    def _stop_payloads(self) -> None:
+        """The groups it held go with it (a crash loses them; a learner's fetch then fails)."""
+        if self.payload_server is not None:
+            self.payload_server.shutdown()
+            self.payload_server = None
 
     def drain(self) -> None:
         self.fate = "drained"
@@ -73,6 +90,7 @@ class Replica:
             self.engine.close()
             self.server.stop(grace_s=0)
             self.member.close()
+        self._stop_payloads()
 
     def log(self) -> dict:
         return {"name": self.name, "address": self.server.address, "started": self.started,

@@ -28,6 +28,14 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
 
     security = Security.from_config(cfg.security, cfg.limits)
     servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
+    payload_server = None
+    if cfg.controller.data_plane == "flight":  # this replica holds its groups' tokens for the learner
+        from rlfleet.dataplane.flight import PayloadServer
+        from rlfleet.dataplane.store import MemoryStore
+
+        payload_server = PayloadServer(MemoryStore(), cfg.rollout.host, 0, security)
+        address = data_plane_address(cfg.rollout.host, payload_server.port, advertise, join)
+        servicer.payloads = (payload_server.store, address)
 
     def load() -> None:
         from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
@@ -47,8 +55,22 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
         from rlfleet.app.fleet_member import join_when_serving
         on_serving = join_when_serving(join, security, name, resolve_model_path(cfg.model.path),
                                        cfg.controller.service_wait_s, advertise, cfg.run.dir)
-    run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME], rollout_pb2_grpc.add_RolloutServicer_to_server,
-                servicer, load, name=name, security=security, on_serving=on_serving)
+    try:
+        run_service("rollout", cfg, cfg.rollout, [SERVICE_NAME],
+                    rollout_pb2_grpc.add_RolloutServicer_to_server, servicer, load, name=name,
+                    security=security, on_serving=on_serving)
+    finally:
+        if payload_server is not None:
+            payload_server.shutdown()
+
+
+def data_plane_address(bound_host: str, port: int, advertise: str | None, towards: str | None) -> str:
+    """Where the learner reaches a replica's data plane: --advertise's host (its port is the gRPC
+    server's), else as the replica's own gRPC address (a wildcard bind: the interface towards `towards`)."""
+    from rlfleet.app.fleet_member import advertised_address
+
+    host = advertise.rsplit(":", 1)[0] if advertise and ":" in advertise.rsplit("]", 1)[-1] else advertise
+    return f"{host}:{port}" if host else advertised_address(f"{bound_host}:{port}", None, towards=towards)
 
 
 def serve_reward(cfg: JobConfig, name: str = "reward", index: int = 0) -> None:
@@ -76,7 +98,13 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
-    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
+    payloads = None
+    if cfg.controller.data_plane == "flight":  # the batch's tokens are fetched from the replicas
+        from rlfleet.dataplane.flight import PayloadClient
+
+        payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token,
+                               payloads=payloads)
 
     def load() -> None:
         # The checks `rlfleet run` made just before starting this learner are not made again.

@@ -4,9 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import structlog
+
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
-from rlfleet.errors import NotReady
+from rlfleet.dataplane.flight import PayloadClient
+from rlfleet.dataplane.plane import fetch_into
+from rlfleet.errors import NotReady, RlfleetError
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
@@ -17,6 +21,8 @@ from services.learner.checkpoint import read_meta, resumable_checkpoints
 
 if TYPE_CHECKING:  # imported once the device is known (rlfleet/app/serve.py): a CPU learner keeps Triton out
     from services.learner.learner import Learner
+
+log = structlog.get_logger(__name__)
 
 SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
 
@@ -32,11 +38,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     role = "learner"
 
     def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
-                 weight_token: str | None = None) -> None:
+                 weight_token: str | None = None, payloads: PayloadClient | None = None) -> None:
         """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
-        the weight group's rendezvous is signed with (security.token; None: unsigned)."""
+        the weight group's rendezvous is signed with (security.token; None: unsigned); `payloads`: the
+        data plane's client (controller.data_plane=flight), which fetches samples' tokens."""
         self.limits = limits or LimitsConfig()
         self.weight_token = weight_token
+        self.payloads = payloads
+        self._unreleased: list[tuple[str, list[str]]] = []  # (replica, groups) trained, not checkpointed
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
@@ -65,14 +74,29 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def Train(self, request, context):
         learner = self._ready()
         self.weight_ops.refuse_while_held("Train")
+        # controller.data_plane=flight: the ids and log-probs come from the replicas that hold them
+        fetched = fetch_into(request, self.payloads) if self.payloads is not None else []
+        if fetched:
+            log.info("data plane fetched", groups=sum(len(ids) for _, ids in fetched), replicas=len(fetched))
         validate.train(request, self.limits, _vocab_size(learner))
         batch = convert.train_batch_from_proto(request)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
+        self._unreleased.extend(fetched)  # a learner restarted before its checkpoint replays the batch
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
         if not result.repeated:  # a repeat trained nothing
             self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
+
+    def _release(self) -> None:
+        """Groups trained before a checkpoint leave their replicas' stores (best effort: a replica gone
+        took them along)."""
+        fetched, self._unreleased = self._unreleased, []
+        for address, ids in fetched:
+            try:
+                self.payloads.release(address, ids)
+            except RlfleetError as exc:
+                log.warning("data plane release failed", address=address, groups=len(ids), error=str(exc))
 
     @rpc_method
     def OpenWeightGroup(self, request, context):
@@ -103,7 +127,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         learner = self._ready()
         self.weight_ops.refuse_while_held("SaveCheckpoint")
         validate.version(request.step, "step")
-        return learner_pb2.SaveCheckpointResponse(path=str(learner.save_checkpoint(request.step)))
+        path = learner.save_checkpoint(request.step)
+        if self.payloads is not None:
+            self._release()
+        return learner_pb2.SaveCheckpointResponse(path=str(path))
 
     @rpc_method
     def ListCheckpoints(self, request, context):

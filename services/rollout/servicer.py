@@ -5,6 +5,8 @@ import secrets
 import threading
 
 from rlfleet import types as t
+from rlfleet.dataplane.plane import hold
+from rlfleet.dataplane.store import PayloadStore
 from rlfleet.errors import Busy, NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import rollout_pb2, rollout_pb2_grpc
@@ -31,6 +33,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.metrics_port = 0
         self.engine: RolloutEngine | None = None
         self.agent: AgentLoop | None = None  # multi-turn episodes against an environment server (env.*)
+        # controller.data_plane=flight: (store, its Flight address); groups' tokens are held there
+        self.payloads: tuple[PayloadStore, str] | None = None
         self.last_error = ""
         # This process among others at the same address: the controller tells a restarted replica's
         # Join from a repeated (or spoofed) one by it (controller/fleet.py). 52 bits: exact as a double.
@@ -61,6 +65,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             for group in generate(prompts, params):
                 queue.done()
                 self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
+                if self.payloads is not None:  # controller.data_plane=flight: the tokens stay here
+                    group = hold(group, *self.payloads)
                 yield convert.group_to_proto(group)
 
     @rpc_method

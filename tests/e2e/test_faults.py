@@ -77,11 +77,15 @@ def _freeze_rollout_before_a_push(run: Path, proc: subprocess.Popen) -> int:
     raise AssertionError("every step was trained before the rollout could be frozen")
 
 
-@pytest.mark.parametrize("victim", ["rollout", "reward", "learner"])
-def test_run_survives_a_killed_service(run_dir, victim):
+# flight (issue 44): a killed rollout takes its groups' tokens along (re-queued `payload_lost` if a
+# step needed them); a killed learner's replayed step fetches them again (held until a checkpoint).
+@pytest.mark.parametrize("victim, plane", [("rollout", "inline"), ("reward", "inline"), ("learner", "inline"),
+                                           ("rollout", "flight"), ("learner", "flight")])
+def test_run_survives_a_killed_service(run_dir, victim, plane):
     run = run_dir / victim
     # The rollout is killed while it generates (longer responses make that window wide).
     extra = ("rollout.max_new_tokens=48",) if victim == "rollout" else ()
+    extra = (*extra, f"controller.data_plane={plane}")
     proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}",
                              f"run.name={victim}", *ARGS, *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -17,15 +17,17 @@ SMALL = ("controller.max_staleness=0", "controller.prompts_per_step=4", "control
 COMPARED = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "reward/mean", "response_length/mean")
 
 
-def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(run_dir):
+@pytest.mark.parametrize("plane", ["inline", "flight"])  # flight: the tokens on the data plane (issue 44)
+def test_stopped_and_resumed_run_reproduces_the_uninterrupted_one(run_dir, plane):
     n, k = 4, 2
-    full = rlfleet("run", f"run.output_dir={run_dir}", "run.name=full", f"controller.max_steps={n}", *SMALL)
+    small = (*SMALL, f"controller.data_plane={plane}")
+    full = rlfleet("run", f"run.output_dir={run_dir}", "run.name=full", f"controller.max_steps={n}", *small)
     assert full.returncode == 0, full.stderr[-3000:]
     first = rlfleet("run", f"run.output_dir={run_dir}", "run.name=resumed",
-                    f"controller.max_steps={k}", *SMALL)
+                    f"controller.max_steps={k}", *small)
     assert first.returncode == 0, first.stderr[-3000:]
     again = rlfleet("run", f"run.output_dir={run_dir}", "run.name=resumed", f"controller.max_steps={n}",
-                    "controller.resume=latest", *SMALL)
+                    "controller.resume=latest", *small)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"step    {k + 1}/{n}" in again.stdout and "step    1/" not in again.stdout, again.stdout
 

@@ -29,3 +29,9 @@ def test_sharded_learner_needs_torchrun_with_the_right_size(monkeypatch: pytest.
     with pytest.raises(ConfigError, match="torchrun started 3 processes"):
         init_learner_world(2, "cpu", 0, timeout_s=5)
 
+
+
+def test_the_data_plane_is_not_yet_for_a_sharded_learner() -> None:
+    with pytest.raises(ConfigError, match="controller.data_plane=flight needs learner.world_size=1"):
+        load_config(None, ["learner.world_size=2", "controller.data_plane=flight"])
+    assert load_config(None, ["controller.data_plane=flight"]).controller.data_plane == "flight"

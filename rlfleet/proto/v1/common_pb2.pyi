@@ -25,7 +25,7 @@ class SamplingParams(_message.Message):
     def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version", "loss_mask", "turns", "env_reward", "env_failure", "env_error", "opening_tokens", "prompt_trim", "env_metrics")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "policy_version", "text", "last_policy_version", "loss_mask", "turns", "env_reward", "env_failure", "env_error", "opening_tokens", "prompt_trim", "env_metrics", "response_length")
     class EnvMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Completion(_message.Message):
     OPENING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TRIM_FIELD_NUMBER: _ClassVar[int]
     ENV_METRICS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: str
@@ -61,7 +62,8 @@ class Completion(_message.Message):
     opening_tokens: int
     prompt_trim: int
     env_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., env_reward: _Optional[float] = ..., env_failure: _Optional[str] = ..., env_error: _Optional[str] = ..., opening_tokens: _Optional[int] = ..., prompt_trim: _Optional[int] = ..., env_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    response_length: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., policy_version: _Optional[int] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., loss_mask: _Optional[_Iterable[int]] = ..., turns: _Optional[_Iterable[_Union[TurnRecord, _Mapping]]] = ..., env_reward: _Optional[float] = ..., env_failure: _Optional[str] = ..., env_error: _Optional[str] = ..., opening_tokens: _Optional[int] = ..., prompt_trim: _Optional[int] = ..., env_metrics: _Optional[_Mapping[str, float]] = ..., response_length: _Optional[int] = ...) -> None: ...
 
 class TurnRecord(_message.Message):
     __slots__ = ("generated_tokens", "observed_tokens", "policy_version", "last_policy_version", "tool_calls", "tool_errors", "env_latency_s", "text", "observation", "reward", "finish_reason")

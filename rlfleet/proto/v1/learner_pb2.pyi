@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TrainSample(_message.Message):
-    __slots__ = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage", "generation_version", "reward", "loss_mask")
+    __slots__ = ("prompt_ids", "response_ids", "behaviour_logprobs", "advantage", "generation_version", "reward", "loss_mask", "payload")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class TrainSample(_message.Message):
     GENERATION_VERSION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     behaviour_logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -23,7 +24,18 @@ class TrainSample(_message.Message):
     generation_version: int
     reward: float
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., generation_version: _Optional[int] = ..., reward: _Optional[float] = ..., loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
+    payload: PayloadRef
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., behaviour_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., generation_version: _Optional[int] = ..., reward: _Optional[float] = ..., loss_mask: _Optional[_Iterable[int]] = ..., payload: _Optional[_Union[PayloadRef, _Mapping]] = ...) -> None: ...
+
+class PayloadRef(_message.Message):
+    __slots__ = ("address", "request_id", "sample")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    request_id: str
+    sample: int
+    def __init__(self, address: _Optional[str] = ..., request_id: _Optional[str] = ..., sample: _Optional[int] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
     __slots__ = ("step", "samples", "temperature", "expected_version")

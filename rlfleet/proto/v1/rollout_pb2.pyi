@@ -38,12 +38,14 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompts: _Optional[_Iterable[_Union[PromptInput, _Mapping]]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GroupResult(_message.Message):
-    __slots__ = ("request_id", "completions")
+    __slots__ = ("request_id", "completions", "payload_address")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     completions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Completion]
-    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[_common_pb2.Completion, _Mapping]]] = ...) -> None: ...
+    payload_address: str
+    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[_common_pb2.Completion, _Mapping]]] = ..., payload_address: _Optional[str] = ...) -> None: ...
 
 class JoinWeightGroupRequest(_message.Message):
     __slots__ = ("address", "rank", "world_size", "backend", "timeout_s")

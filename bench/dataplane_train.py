@@ -1,0 +1,135 @@
+"""The Train call's payload, inline (today) against the data plane (issue 44), measured side by side.
+
+A batch of G groups x 16 samples of ~303 response tokens (the simulator's length model, bench/fleetsim;
+ids spread over a 151k vocabulary, so varints take 2-3 bytes as with Qwen2.5)
+and 40 prompt tokens. Inline: the controller builds the TrainRequest (rlfleet.rpc.convert), serializes
+it, the learner parses it and converts it back (what the gRPC path does, without the loopback copy).
+Flight: the payloads sit in R replicas' PayloadServers (rlfleet/dataplane, in this process); the
+learner fetches each replica's groups in parallel, to Arrow (what a learner that builds tensors from
+Arrow needs) and on to Python lists (what today's Learner.train takes); the controller's request then
+holds ids, versions and advantages only (its bytes are counted, its conversion is not timed).
+
+    python bench/dataplane_train.py --groups 512 --replicas 16 --out bench/results/x.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
+from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
+from rlfleet.dataplane.payload import TokenPayload, from_table  # noqa: E402
+from rlfleet.dataplane.store import MemoryStore  # noqa: E402
+from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
+from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_from_proto,  # noqa: E402
+                                 train_batch_to_proto)
+from rlfleet.types import Completion, GroupResult, TrainBatch, TrainSample  # noqa: E402
+
+N = 16
+PROMPT = 40
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--groups", type=int, default=512)
+    p.add_argument("--replicas", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=428)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    rng, gpu = random.Random(0), GpuModel(max_new_tokens=a.max_new_tokens)
+    groups = {f"p{g}-s{g}": [TokenPayload([(i * 7919) % 151_000 + 3 for i in range(gpu.response_length(rng))],
+                                          [], 3) for _ in range(N)] for g in range(a.groups)}
+    groups = {rid: [TokenPayload(s.token_ids, [-0.5 - 1e-3 * (i % 97) for i in range(len(s.token_ids))], 3)
+                    for s in ps] for rid, ps in groups.items()}
+    tokens = sum(len(s.token_ids) for ps in groups.values() for s in ps)
+    prompt = list(range(3, 3 + PROMPT))
+    samples = [TrainSample(prompt, s.token_ids, s.logprobs, 0.25, 3) for ps in groups.values() for s in ps]
+
+    t = time.perf_counter()
+    msg = train_batch_to_proto(TrainBatch(1, samples, 1.0, 3))
+    build_s = time.perf_counter() - t
+    t = time.perf_counter()
+    wire = msg.SerializeToString()
+    send_s = time.perf_counter() - t
+    t = time.perf_counter()
+    parsed = learner_pb2.TrainRequest.FromString(wire)
+    back = train_batch_from_proto(parsed)
+    parse_s = time.perf_counter() - t
+    assert len(back.samples) == len(samples)
+    inline = {"bytes": len(wire), "build_s": build_s, "serialize_s": send_s, "parse_convert_s": parse_s,
+              "total_s": build_s + send_s + parse_s}
+
+    # The controller's own share, per group: parsing a Generate stream message and converting it
+    # (rlfleet.rpc.convert), then its part of the Train request; with and without the token payload
+    # (the data plane's stream carries text, finish reason and versions only).
+    def controller_side(with_tokens: bool) -> float:
+        msgs = []
+        for rid, ps in groups.items():
+            comps = [Completion(s.token_ids if with_tokens else [], s.logprobs if with_tokens else [],
+                                "stop", 3, text="The answer is #### 12") for s in ps]
+            msgs.append(group_to_proto(GroupResult(rid, comps)).SerializeToString())
+        t = time.perf_counter()
+        parsed_groups = [group_from_proto(rollout_pb2.GroupResult.FromString(m)) for m in msgs]
+        batch = [TrainSample(prompt, c.token_ids, c.logprobs, 0.25, 3) for g in parsed_groups
+                 for c in g.completions]
+        train_batch_to_proto(TrainBatch(1, batch, 1.0, 3)).SerializeToString()
+        return (time.perf_counter() - t) / len(groups)
+    controller = {"inline_ms_per_group": 1000 * controller_side(True),
+                  "payload_free_ms_per_group": 1000 * controller_side(False)}
+
+    # Flight: each replica holds its share of the groups.
+    stores = [MemoryStore() for _ in range(a.replicas)]
+    owner = {}
+    for i, (rid, ps) in enumerate(groups.items()):
+        stores[i % a.replicas].put(rid, ps)
+        owner.setdefault(i % a.replicas, []).append(rid)
+    servers = [PayloadServer(s) for s in stores]
+    client = PayloadClient()
+    with ThreadPoolExecutor(max_workers=min(32, a.replicas)) as pool:
+        list(pool.map(lambda r: client.fetch(servers[r].address, owner[r][:1]), owner))  # connect
+        t = time.perf_counter()
+        tables = list(pool.map(lambda r: client.fetch_table(servers[r].address, owner[r]), owner))
+        fetch_s = time.perf_counter() - t
+    flight_bytes = sum(tb.nbytes for tb in tables)
+    t = time.perf_counter()
+    fetched = {}
+    for tb in tables:
+        fetched.update(from_table(tb))
+    to_lists_s = time.perf_counter() - t
+    assert len(fetched) == len(groups)
+    # What a learner that packs its rows from Arrow needs: flat ids and log-probs and the row offsets
+    # (zero-copy views where the column is one chunk).
+    t = time.perf_counter()
+    flat = 0
+    for tb in tables:
+        for name in ("token_ids", "logprobs"):
+            column = tb.column(name).combine_chunks()
+            flat += column.values.to_numpy().size + column.offsets.to_numpy().size
+    to_numpy_s = time.perf_counter() - t
+    control = learner_pb2.TrainRequest(step=1, temperature=1.0, expected_version=3)
+    for _ in samples:  # what stays on the control plane: ids (a ~12-byte request id), advantage, version
+        s = control.samples.add()
+        s.advantage, s.generation_version = 0.25, 3
+    control_bytes = len(control.SerializeToString()) + 12 * len(samples)
+    for s in servers:
+        s.shutdown()
+    result = {"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
+              "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
+              "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
+                         "arrow_to_flat_numpy_s": to_numpy_s,
+                         "control_request_bytes": control_bytes},
+              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+    print(json.dumps(result, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""controller.data_plane=flight: groups the controller drops (stale, filtered, unusable) are never
+fetched by the learner, so their replicas are told to forget them, off the training thread (issue 44).
+A replica gone took them along: nothing to do then."""
+from __future__ import annotations
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import structlog
+
+from rlfleet.dataplane.flight import PayloadClient
+from rlfleet.errors import RlfleetError
+from controller.groups import ScoredGroup
+
+log = structlog.get_logger(__name__)
+
+
+class PayloadReleaser:
+    def __init__(self, client: PayloadClient):
+        self._client = client
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="payload-release")
+
+    def release(self, group: ScoredGroup) -> None:
+        held: dict[str, set[str]] = defaultdict(set)
+        for c in group.completions:
+            if c.payload is not None:
+                held[c.payload.address].add(c.payload.request_id)
+        for address, ids in held.items():
+            self._pool.submit(self._release, address, sorted(ids))
+
+    def _release(self, address: str, ids: list[str]) -> None:
+        try:
+            self._client.release(address, ids)
+        except RlfleetError as exc:
+            log.info("data plane release of dropped groups failed", address=address, error=str(exc)[:200])
+
+    def close(self, wait: bool = False) -> None:
+        self._pool.shutdown(wait=wait)
+        self._client.close()

@@ -1,0 +1,37 @@
+"""controller/payload_release.py: a group the controller drops on data_plane=flight leaves the store of
+the replica holding it (a real Flight server), the other groups stay; a replica gone is no error."""
+from __future__ import annotations
+
+import pytest
+
+from rlfleet.data.prompts import Prompt
+from rlfleet.dataplane.flight import PayloadClient, PayloadServer
+from rlfleet.dataplane.payload import TokenPayload
+from rlfleet.dataplane.store import MemoryStore
+from rlfleet.types import Completion, PayloadRef, ScoreResult
+from controller.groups import ScoredGroup
+from controller.payload_release import PayloadReleaser
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+
+def _group(seq: int, address: str) -> ScoredGroup:
+    rid = f"p{seq}-s{seq}"
+    completions = [Completion([], [], "stop", 0, payload=PayloadRef(address, rid, i, 1)) for i in range(2)]
+    return ScoredGroup(seq, Prompt(seq, "q", [1], "t", "1"), completions, [ScoreResult("a", 1.0)] * 2)
+
+
+def test_a_dropped_group_leaves_its_replica_and_a_gone_replica_is_no_error():
+    store = MemoryStore()
+    for rid in ("p0-s0", "p1-s1"):
+        store.put(rid, [TokenPayload([5], [-1.0], 0)] * 2)
+    server = PayloadServer(store)
+    gone = PayloadServer(MemoryStore())
+    gone_address = gone.address
+    gone.shutdown()
+    releaser = PayloadReleaser(PayloadClient(timeout_s=5))
+    releaser.release(_group(0, server.address))
+    releaser.release(_group(7, gone_address))  # logged, not raised
+    releaser.close(wait=True)
+    assert store.held() == ["p1-s1"]
+    server.shutdown()
