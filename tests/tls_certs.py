@@ -89,3 +89,17 @@ def make_pki(folder: Path) -> Pki:
     client = _write(folder, "client", *_leaf("rlfleet client", ca, ca_key, server=False))
     rogue = _write(folder, "rogue", *_leaf("rogue client", rogue_ca, rogue_ca_key, server=False))
     return Pki(ca_path, server[0], server[1], client[0], client[1], rogue[0], rogue[1])
+
+
+def secure_job_config(folder: Path, pki: Pki, token: str) -> Path:
+    """A job config with mutual TLS (pki's server certificate, client certificates required) and a bearer
+    token in a file of mode 0600, as the secure end-to-end runs use it; returns the config's path."""
+    token_file = folder / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    config = folder / "secure.yaml"
+    config.write_text(
+        "security:\n"
+        f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
+        f"  require_client_cert: true\n  token_file: {token_file}\n")
+    return config

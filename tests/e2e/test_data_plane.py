@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import read_jsonl, rlfleet
-from tests.tls_certs import make_pki
+from tests.tls_certs import make_pki, secure_job_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,14 +38,7 @@ def test_flight_behind_mutual_tls_and_the_token(run_dir, tmp_path):
     every step's payloads from the replica's Flight server over mutual TLS with the token (a caller
     without either is refused: tests/service/test_dataplane_flight.py)."""
     pki = make_pki(tmp_path / "pki")
-    token_file = tmp_path / "token"
-    token_file.write_text("e2e-data-plane-token-0123456789\n")
-    token_file.chmod(0o600)
-    config = tmp_path / "secure.yaml"
-    config.write_text(
-        "security:\n"
-        f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
-        f"  require_client_cert: true\n  token_file: {token_file}\n")
+    config = secure_job_config(tmp_path, pki, "e2e-data-plane-token-0123456789")
     proc = rlfleet("run", "--config", str(config), f"run.output_dir={run_dir}", "run.name=secure",
                    f"controller.max_steps={STEPS}", "controller.data_plane=flight")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,7 +19,7 @@ import pytest
 from rlfleet.proto.v1 import common_pb2, rollout_pb2_grpc
 from rlfleet.rpc.security import Security, secure_channel
 from tests.e2e.conftest import REPO, read_jsonl, rlfleet
-from tests.tls_certs import make_pki
+from tests.tls_certs import make_pki, secure_job_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -46,14 +46,7 @@ def _code(channel: grpc.Channel) -> grpc.StatusCode:
 
 def test_run_with_mutual_tls_and_token(run_dir, tmp_path):
     pki = make_pki(tmp_path / "pki")
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    config = tmp_path / "secure.yaml"
-    config.write_text(
-        "security:\n"
-        f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
-        f"  require_client_cert: true\n  token_file: {token_file}\n")
+    config = secure_job_config(tmp_path, pki, TOKEN)
     steps = 3
     cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", "--config", str(config),
            f"run.output_dir={run_dir}",
@@ -107,13 +100,7 @@ def test_run_with_an_environment_behind_tls_and_token(run_dir, tmp_path):
     from services.rollout.env_client import EnvClient
 
     pki = make_pki(tmp_path / "pki")
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    config = tmp_path / "secure.yaml"
-    config.write_text(
-        "security:\n"
-        f"  tls_cert: {pki.server_cert}\n  tls_key: {pki.server_key}\n  tls_ca: {pki.ca}\n"
-        f"  require_client_cert: true\n  token_file: {token_file}\n")
+    config = secure_job_config(tmp_path, pki, TOKEN)
     cmd = [sys.executable, "-m", "rlfleet.app.cli", "run", "--config", str(config),
            f"run.output_dir={run_dir}", "run.name=secure-env", "controller.max_steps=2",
            "controller.prompts_per_step=4", "controller.prompts_per_request=4", "rollout.n=4",
