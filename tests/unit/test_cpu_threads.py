@@ -41,3 +41,27 @@ def test_limit_threads_holds_whether_torch_is_imported_before_or_after(torch_fir
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1"]
+
+
+def test_limit_threads_holds_where_libgomp_is_preloaded() -> None:
+    """vLLM's CPU platform puts torch's libgomp in LD_PRELOAD (for the processes after it; an in-process
+    vLLM test leaves it in the suite worker's environment): libgomp then reads OMP_NUM_THREADS when the
+    process starts, so setting it before `import torch` changed nothing and a command computed with 2
+    threads, not 1 (the fresh-clone suite failed the test above so)."""
+    import glob
+
+    import torch
+
+    lib = next(iter(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))
+                    + glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "torch.libs",
+                                             "libgomp*.so*"))), None)
+    if lib is None:
+        pytest.skip("this torch build has no libgomp of its own")
+    code = ("from rlfleet.cpu_threads import limit_threads\n"
+            "n = limit_threads(1)\n"
+            "import torch\n"
+            "print(n, torch.get_num_threads())\n")
+    env = {**{k: v for k, v in os.environ.items() if k != ENV}, "LD_PRELOAD": lib}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]
