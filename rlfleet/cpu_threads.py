@@ -14,6 +14,8 @@ No torch import here: a command that never computes (`rlfleet data arithmetic`) 
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 
@@ -38,10 +40,38 @@ def chosen_threads(configured: int = 0) -> int:
 
 def limit_threads(configured: int = 0) -> int:
     """Makes this process compute with chosen_threads(configured) torch threads and returns the number.
-    Before torch is imported it sets OMP_NUM_THREADS (read when torch loads, and by the processes this
-    one starts: torchrun's ranks); after, it also calls torch.set_num_threads."""
+    It sets OMP_NUM_THREADS (for the processes this one starts: torchrun's ranks) and calls
+    torch.set_num_threads: now if torch is imported, else as soon as it is. The variable alone is not
+    enough: where torch's libgomp is preloaded (vLLM's CPU platform puts it in LD_PRELOAD) the OpenMP
+    runtime read it when the process started."""
     threads = chosen_threads(configured)
     os.environ[ENV] = str(threads)
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+    elif not any(isinstance(f, _ThreadsAfterTorchImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ThreadsAfterTorchImport(threads))
     return threads
+
+
+class _ThreadsAfterTorchImport(importlib.abc.MetaPathFinder):
+    """Finds `torch` with the other finders and has its loader call torch.set_num_threads once the module
+    has run; then leaves sys.meta_path (no cost to later imports)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201 - importlib's signature
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run_module, threads = spec.loader.exec_module, self.threads
+
+        def exec_module(module) -> None:  # noqa: ANN001
+            run_module(module)
+            module.set_num_threads(threads)
+
+        spec.loader.exec_module = exec_module
+        return spec
