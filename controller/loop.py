@@ -259,10 +259,12 @@ class GRPOLoop(GenerationSide):
     def _bounded_elsewhere(self) -> bool:
         """Whether the loop waits out something with a bound of its own, which the stall limit leaves
         to it: a reward or environment outage (its max_outage_s), a replica down or an empty fleet
-        (controller.service_wait_s)."""
+        (controller.service_wait_s), the weight resync of a replica that came back
+        (learner.weight_sync_timeout_s)."""
         return (self.recovery.reward_outage.blocked()
                 or (self.env_outage is not None and self.env_outage.status()[0] != "running")
-                or bool(self.recovery.waiting) or not self.fleet.members())
+                or bool(self.recovery.waiting) or not self.fleet.members()
+                or self.recovery.resync_pending())
 
     def _stall_facts(self) -> StallFacts:
         """What the loop saw since its last step, for the stall line (called with the lock held)."""
