@@ -27,6 +27,7 @@ from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import REPORT_EVERY_S, wait_until_serving
 from rlfleet.rpc.security import Security
 
+ABORT_TIMEOUT_S = 10.0  # AbortWeightGroup: the learner answers at once (it waits for nothing)
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 
 
@@ -183,6 +184,12 @@ class LearnerClient(_Client):
         return self._stub.PushWeights(learner_pb2.PushWeightsRequest(version=version, digest=digest,
                                                                      group=group),
                                       timeout=timeout_s)
+
+    @_rpc
+    def abort_weight_group(self, group: str, reason: str) -> bool:
+        """Ends the learner's push to `group` at once; whether one was on it."""
+        request = learner_pb2.AbortWeightGroupRequest(group=group, reason=reason[:500])
+        return self._stub.AbortWeightGroup(request, timeout=min(self.timeout_s, ABORT_TIMEOUT_S)).pushing
 
     @_rpc
     def save_checkpoint(self, step: int) -> str:

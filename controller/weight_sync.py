@@ -124,6 +124,8 @@ class WeightSync:
             if failed:
                 log.warning("a rollout's pull failed; not waiting for the push", version=version,
                             replicas=[r.address for r in failed])
+                if not push.done():
+                    self._abort(failed)
                 gone = {r: exc for r, exc in failed.items() if member_failed(exc)}
                 raise MembersFailed("pull", gone) if gone else next(iter(failed.values()))
             pushed = push.result()
@@ -141,6 +143,22 @@ class WeightSync:
                                       f"the learner's (digest {pulled.digest} != {pushed.digest})")
         self.forget()
         return time.perf_counter() - start
+
+    def _abort(self, failed: dict[RolloutClient, BaseException]) -> None:
+        """A member failed inside the sync: the collective cannot complete without it, so the learner's
+        push is ended now (it would wait out the rank wait or the group's timeout for that member, and
+        the next open waits for it: _settle); the other members' pulls then fail at once too. Best
+        effort: a learner that does not answer leaves the push to its timeout, as before."""
+        first = next(iter(failed.items()))
+        reason = f"the pull of the rollout at {first[0].address} failed: {first[1]}"
+        if len(failed) > 1:
+            reason += f" (and {len(failed) - 1} more)"
+        try:
+            pushing = self.learner.abort_weight_group(self.group, reason)
+            log.info("aborted the learner's push", group=self.group, pushing=pushing)
+        except RlfleetError as exc:
+            log.warning("could not abort the learner's push; it ends at its timeout", group=self.group,
+                        error=str(exc))
 
     def _push(self, version: int, deadline: float) -> Any:
         """The learner's push, asked again while it is refused Busy (another push holds the learner,

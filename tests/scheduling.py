@@ -83,6 +83,8 @@ FILE_SECONDS = {
     "tests/service/test_openenv.py": 9,
     "tests/e2e/test_checker_exit.py": 9,
     "tests/service/test_env_contract_revision.py": 1,  # 2026-12-05, alone: 1.1 s
+    "tests/unit/test_weight_group_abort.py": 3,  # 2026-12-05, alone: 3.1 s (2.5 the tiny model)
+    "tests/unit/test_weight_sync_abort.py": 1,  # 2026-12-05, alone: 0.04 s
 }
 # Guesses for a file not in FILE_SECONDS, per test: one that starts real processes, one that does not.
 PROCESS_TEST_S = 15.0

@@ -88,6 +88,10 @@ class SimLearner:
             self.rendezvous.push(address, version, timeout_s, self.gpu.broadcast_s(world_size))
             return {"bytes": self.gpu.link.bytes, "seconds": time.perf_counter() - start}
 
+    def abort_weight_group(self, group: str, reason: str) -> bool:
+        """As the real learner's: the push on `group` ends at once (it holds no lock of ours to wait for)."""
+        return self.rendezvous.abort(group, reason)
+
     def save_checkpoint(self, step: int) -> Path:
         path = self.checkpoint_dir / f"step_{step}"
         path.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ waits for every rank to arrive (min(timeout, MEMBER_WAIT_S), as WeightGroup.conn
 collective, waits for every rank to enter the pull of that version: a member that died (its process
 killed, its socket gone) never enters, and the push hangs until the group's timeout, as an NCCL
 broadcast does. Only then does it take the modelled broadcast's time and release the members.
+An abort (the learner's AbortWeightGroup) ends the push in either wait at once, tells every member,
+and fails any later push or pull of that group, as rlfleet.weights.group's abort() does.
 
 Wire (lines): member -> learner `join RANK`, `pull VERSION`; learner -> member `ok` or `fail REASON`.
 A group is named by its address, `HOST:PORT`.
@@ -30,6 +32,8 @@ class _Group:
     conns: dict[int, socket.socket] = field(default_factory=dict)  # rank -> its connection
     entered: dict[int, int] = field(default_factory=dict)  # rank -> the version its pull waits for
     dead: set[int] = field(default_factory=set)
+    pushing: bool = False
+    aborted: str | None = None  # why abort() ended the group
 
 
 class RendezvousServer:
@@ -63,6 +67,8 @@ class RendezvousServer:
                         rank = number
                         g.conns[rank] = conn
                         g.dead.discard(rank)
+                    elif verb == "pull" and rank is not None and g.aborted is not None:
+                        self._send(g, rank, f"fail weight group aborted: {g.aborted}")
                     elif verb == "pull" and rank is not None:
                         g.entered[rank] = number
                     self._cond.notify_all()
@@ -81,23 +87,60 @@ class RendezvousServer:
         start = time.monotonic()
         with self._cond:
             g = self._groups[address]
+            self._check_aborted(g)
             ranks = range(1, g.world_size)
-            if not g.connected:
-                wait_s = min(timeout_s, MEMBER_WAIT_S)
-                if not self._cond.wait_for(lambda: all(r in g.entered for r in ranks), wait_s):
-                    missing = [r for r in ranks if r not in g.entered]
-                    self._fail(g, f"rank(s) {missing} did not connect within {wait_s:g}s")
-                g.connected = True
-            left = timeout_s - (time.monotonic() - start)
-            if not self._cond.wait_for(lambda: all(g.entered.get(r) == version for r in ranks), left):
-                missing = [r for r in ranks if g.entered.get(r) != version]
-                self._fail(g, f"broadcast of version {version} timed out after {timeout_s:g}s "
-                              f"waiting for rank(s) {missing}")
+            g.pushing = True
+            self._cond.notify_all()
+            try:
+                if not g.connected:
+                    wait_s = min(timeout_s, MEMBER_WAIT_S)
+                    arrived = self._cond.wait_for(
+                        lambda: g.aborted is not None or all(r in g.entered for r in ranks), wait_s)
+                    self._check_aborted(g)
+                    if not arrived:
+                        missing = [r for r in ranks if r not in g.entered]
+                        self._fail(g, f"rank(s) {missing} did not connect within {wait_s:g}s")
+                    g.connected = True
+                left = timeout_s - (time.monotonic() - start)
+                entered = self._cond.wait_for(
+                    lambda: g.aborted is not None or all(g.entered.get(r) == version for r in ranks), left)
+                self._check_aborted(g)
+                if not entered:
+                    missing = [r for r in ranks if g.entered.get(r) != version]
+                    self._fail(g, f"broadcast of version {version} timed out after {timeout_s:g}s "
+                                  f"waiting for rank(s) {missing}")
+            finally:
+                g.pushing = False
         time.sleep(broadcast_s)
         with self._cond:
             for rank in ranks:
                 g.entered.pop(rank, None)
                 self._send(g, rank, "ok")
+
+    def abort(self, address: str, reason: str) -> bool:
+        """The learner's AbortWeightGroup: ends the push on the group at `address` at once (WeightSyncError
+        naming `reason`), tells every member, and fails every later push and pull of it. Returns whether a
+        push was on it; no such group: False, nothing done."""
+        with self._cond:
+            g = self._groups.get(address)
+            if g is None:
+                return False
+            g.aborted = reason or "no reason given"
+            if not g.pushing:  # a pushing one tells its members itself (_check_aborted)
+                for rank in list(g.conns):
+                    self._send(g, rank, f"fail weight group aborted: {g.aborted}")
+                g.entered.clear()
+            self._cond.notify_all()
+            return g.pushing
+
+    def wait_pushing(self, address: str, timeout_s: float) -> bool:
+        """Until a push on the group at `address` is in progress (tests): whether one is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._groups[address].pushing, timeout_s)
+
+    def _check_aborted(self, g: _Group) -> None:
+        if g.aborted is not None:
+            self._fail(g, f"weight group aborted: {g.aborted}")
 
     def _fail(self, g: _Group, reason: str) -> None:
         for rank in list(g.conns):

@@ -18,6 +18,7 @@ from rlfleet.security_config import LimitsConfig
 BACKENDS = ("gloo", "nccl", "ipc")
 MAX_STOP_STRINGS = 64
 MAX_ID_CHARS = 1024
+MAX_REASON_CHARS = 1000  # AbortWeightGroupRequest.reason
 MIN_TIMEOUT_S = 0.1  # a weight-group rendezvous cannot work in less
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 1e3  # beyond these, logits / temperature overflow or vanish
 
@@ -169,6 +170,14 @@ def open_weight_group(request, limits: LimitsConfig) -> None:
     if not 2 <= request.world_size <= limits.max_world_size:
         raise InvalidRequest(f"world_size must be in [2, {limits.max_world_size}], got {request.world_size}")
     _timeout(request.timeout_s, limits)
+
+
+def abort_weight_group(request) -> None:
+    """learner_pb2.AbortWeightGroupRequest: it must name its group (never "the one opened last")."""
+    _address(request.group)
+    if len(request.reason) > MAX_REASON_CHARS:
+        raise InvalidRequest(f"reason must be at most {MAX_REASON_CHARS} characters, got "
+                             f"{len(request.reason)}")
 
 
 def version(value: int, what: str = "version") -> None:

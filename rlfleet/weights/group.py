@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import hmac
 import secrets
+import threading
 import time
 from datetime import timedelta
 
@@ -41,6 +42,10 @@ _KEY_ROOT = "rlfleet/weights"
 # pull together with the push. Bounded apart from the group's timeout (which covers the transfer
 # of a large model), so a push waiting for a rank that never joins ends in seconds (issue 22).
 MEMBER_WAIT_S = 20.0
+# A gloo wait in progress looks at the abort flag (abort()) this often; a wait that ends sooner returns
+# at once, so it costs nothing to a broadcast that completes.
+ABORT_CHECK_S = 0.1
+ABORTED = "aborted"  # the rendezvous key (and the mark on waiting ranks' keys) an abort leaves
 
 
 def _proof(token: str, nonce: str, rank: int) -> str:
@@ -71,6 +76,8 @@ class WeightGroup:
         self._broken: str | None = None
         self._token = token or None  # admits ranks: see _admit()
         self._deadline: float | None = None  # the end of the operation in progress (bounded())
+        self._aborted: str | None = None  # why abort() ended this group (then every operation fails)
+        self._connecting: int | None = None  # the generation whose rendezvous is in progress
         # What the sender and receivers remember between pushes (the last layout sent). It lives
         # here, not in WeightSender/WeightReceiver, because it is only valid for the ranks that saw
         # the same broadcasts: it is cleared whenever the process group is dropped or rebuilt, on
@@ -143,6 +150,57 @@ class WeightGroup:
     def connected(self) -> bool:
         return self._pg is not None
 
+    def abort(self, reason: str) -> None:
+        """Ends this group from any thread (the learner's AbortWeightGroup, when the controller saw a
+        member fail inside a sync): the operation in progress fails with WeightSyncError naming
+        `reason` as soon as it looks (the rank wait at once, a gloo wait within ABORT_CHECK_S, an
+        NCCL poll within 10 ms, its communicator then aborted), and every later one at once.
+
+        What it cannot end: gloo building its process group (connecting to every peer) and a gloo
+        broadcast's work itself, which runs on in gloo's thread until the operation's timeout (the
+        caller stops waiting for it; the process group is released in a thread of its own)."""
+        self._aborted = reason or "no reason given"
+        if self.rank == 0:
+            self._wake_rendezvous(self._aborted)
+
+    def _wake_rendezvous(self, reason: str) -> None:
+        """The ranks waiting in the rendezvous in progress (this rank's push among them; or the first
+        one, when the members came before any push) wait for keys a dead rank never sets: set them all,
+        with the mark that says why, so every wait returns and every rank fails at once (no rank polls).
+        Over a connection of its own: the waiting thread holds its client's."""
+        generation = self._connecting
+        if generation is None:
+            if self._used:
+                return  # connected (or failed) before: nobody waits in a rendezvous of this group
+            generation = 0
+        try:
+            store = dist.PrefixStore(f"{_KEY_ROOT}/g{generation}/",
+                                     connect_store(self.address, STORE_CONNECT_S))
+            store.set(ABORTED, reason)
+            store.compare_set("auth/nonce", "", "")  # members that came before the push wait for it
+            store.compare_set("auth/verdict", "", ABORTED)  # and those past the rank wait for this
+            keys = [f"joined/{r}" for r in range(self.world_size)]
+            store.multi_set(keys, [ABORTED] * len(keys))
+        except Exception:
+            pass  # the store is closed: nobody waits on it any more
+
+    def _check_aborted(self, store: dist.Store | None = None) -> None:
+        """WeightSyncError once the group was aborted: this rank's flag (where abort() ran), or the mark
+        abort() left in the rendezvous `store` (the ranks it woke)."""
+        reason = self._aborted
+        if reason is None and store is not None:
+            try:
+                if store.check([ABORTED]):
+                    reason = store.get(ABORTED).decode()
+            except Exception as e:  # nothing can follow without the store
+                self._broken = (f"the learner closed the weight group at {self.address} (an abort, a failed "
+                                f"push or a newer group closes it): {e}")
+                raise WeightSyncError(f"weight group rank {self.rank}: {self._broken}") from e
+        if reason is not None:
+            self._aborted = reason
+            self._broken = f"weight group at {self.address} was aborted by the learner: {reason}"
+            raise WeightSyncError(f"weight group rank {self.rank}: {self._broken}")
+
     def connect(self, generation: int = 0) -> None:
         """Block until every rank has called ``connect(generation)``, then build the group.
 
@@ -150,10 +208,12 @@ class WeightGroup:
         """
         if self._store is None:
             raise WeightSyncError("weight group is closed")
+        self._check_aborted()
         if self._pg is not None and generation == self._generation:
             return
         if generation in self._used:
             raise WeightSyncError(f"weight group generation {generation} was already used; pass a new one")
+        self._connecting = generation  # before it counts as used: abort() wakes its rendezvous
         self._used.add(generation)
         self._drop(abort=True)
         store = dist.PrefixStore(f"{_KEY_ROOT}/g{generation}/", self._store)
@@ -161,6 +221,7 @@ class WeightGroup:
         try:
             self._connect_rounds(store, keys, generation)
         finally:
+            self._connecting = None
             self._store_timeout(self.timeout_s)  # the store's waits outside an operation
 
     def _connect_rounds(self, store: dist.Store, keys: list[str], generation: int) -> None:
@@ -179,6 +240,7 @@ class WeightGroup:
                 who = f"lost the weight store at {self.address} ({e})"
             self._broken = f"weight group generation {generation}: {who} within {self.member_wait_s:g}s"
             raise WeightSyncError(self._broken) from e
+        self._check_aborted(store)  # an abort fills the keys it waited for (see abort())
         self._store_timeout(self._left())
         self._admit(store, generation)
         # With a token the group is built on the sealed view: only admitted processes, which hold
@@ -225,7 +287,10 @@ class WeightGroup:
             refused = [r for r in range(1, self.world_size) if nonce and not (
                 store.check([f"auth/{r}"]) and hmac.compare_digest(
                     store.get(f"auth/{r}").decode(), _proof(self._token or "", nonce, r)))]
-            store.set("auth/verdict", "refused " + ",".join(map(str, refused)) if refused else "ok")
+            verdict = "refused " + ",".join(map(str, refused)) if refused else "ok"
+            # not over an abort's verdict (abort() marks it only where none is set yet)
+            if store.compare_set("auth/verdict", "", verdict).decode() != verdict:
+                self._check_aborted(store)
             if refused:
                 self._broken = (f"weight group generation {generation}: rank(s) {refused} did not present "
                                 "the weight-group token; refused")
@@ -237,6 +302,8 @@ class WeightGroup:
             self._broken = (f"weight group generation {generation}: no admission verdict from the learner "
                             f"({e})")
             raise WeightSyncError(self._broken) from e
+        if verdict == ABORTED:
+            self._check_aborted(store)
         if verdict != "ok":
             self._broken = (f"weight group generation {generation}: the learner refused rank(s) "
                             f"{verdict.removeprefix('refused ')} (missing or wrong weight-group token)")
@@ -298,11 +365,24 @@ class WeightGroup:
         """Waits for a broadcast issued by start_broadcast(); WeightSyncError after the timeout."""
         try:
             if self.backend == "gloo":
-                work.wait(timedelta(seconds=self._left()))  # gloo honours the timeout itself
+                self._wait(work)
             else:
                 self._poll(work)
         except Exception as e:
             self._fail(e)
+
+    def _wait(self, work: dist.Work) -> None:
+        """gloo honours a wait's timeout without cancelling the work, so the wait is taken in slices of
+        ABORT_CHECK_S, between which an abort() is seen; a work that completes returns at once."""
+        while True:
+            self._check_aborted()
+            left = self._left()
+            try:
+                work.wait(timedelta(seconds=min(ABORT_CHECK_S, left)))
+                return
+            except Exception:
+                if work.is_completed() or left <= ABORT_CHECK_S:  # failed, or the operation's time is up
+                    raise
 
     def fail(self, reason: str) -> NoReturn:
         """Breaks the group from above (a rank can no longer follow the push): every rank must reconnect."""
@@ -325,6 +405,7 @@ class WeightGroup:
         start = time.monotonic()
         deadline = start + self._left()
         while not work.is_completed():
+            self._check_aborted()  # then _fail aborts the communicator, which ends the kernel in flight
             now = time.monotonic()
             if now > deadline:
                 raise WeightSyncError(f"weight broadcast timed out after {now - start:.3g}s on rank "
@@ -335,8 +416,16 @@ class WeightGroup:
     def _drop(self, abort: bool) -> None:
         pg, self._pg = self._pg, None
         self.cache.clear()
-        if pg is None or self.backend == "gloo":
-            return  # gloo needs no teardown: dropping the object closes its sockets
+        if pg is None:
+            return
+        if self.backend == "gloo":  # gloo needs no teardown: dropping the object closes its sockets
+            if self._aborted is not None:
+                # but its destructor waits for the work in flight (to the operation's timeout): an
+                # aborted operation must not, so the last reference goes in a thread of its own
+                held = [pg]
+                del pg
+                threading.Thread(target=held.clear, daemon=True, name="weight-group-release").start()
+            return
         try:
             pg.abort() if abort else pg.shutdown()
         except Exception:

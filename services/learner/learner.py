@@ -204,6 +204,15 @@ class Learner:
         finally:
             self.weight_groups.done(hosted, outcome)
 
+    def abort_weight_group(self, group: str, reason: str) -> bool:
+        """Ends the push to the group at address `group` at once (the controller saw a member fail
+        inside the sync): it fails naming `reason` instead of waiting out the group's timeout for that
+        member, and the group is closed. Takes no lock: it must reach a push that holds them. Returns
+        whether a push was on the group; a group not held here (or nobody pushing) is no error."""
+        pushing = self.weight_groups.abort(group, reason)
+        log.info("weight group aborted", address=group, pushing=pushing, reason=reason)
+        return pushing
+
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
         with self._lock:

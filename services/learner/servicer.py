@@ -123,6 +123,14 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
                                                seconds=stats["seconds"], digest=stats.get("digest", ""))
 
     @rpc_method
+    def AbortWeightGroup(self, request, context):
+        learner = self._ready()
+        validate.abort_weight_group(request)
+        # Not under weight_ops: it must reach the push that holds it.
+        pushing = learner.abort_weight_group(request.group, request.reason)
+        return learner_pb2.AbortWeightGroupResponse(pushing=pushing)
+
+    @rpc_method
     def SaveCheckpoint(self, request, context):
         learner = self._ready()
         self.weight_ops.refuse_while_held("SaveCheckpoint")

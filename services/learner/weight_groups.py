@@ -100,6 +100,25 @@ class WeightGroups:
         for old in closing:
             old.group.close()
 
+    def abort(self, address: str, reason: str) -> bool:
+        """Ends the push to the group at `address` at once: it fails naming `reason`, and the group is
+        closed as after any failed push (its ranks must rebuild on a new group). A group nobody pushes on
+        is closed now, its members woken from a rendezvous no push will come to. Returns whether a push
+        was on it; with no group there, nothing is done (False)."""
+        with self._lock:
+            found = next((h for h in self._opened if h.address == address), None)
+            if found is None:
+                return False
+            pushing = found in self._busy
+            if not pushing:  # the push, if any, closes it in done()
+                self._opened.remove(found)
+                if self._active is found:
+                    self._active = None
+        found.group.abort(reason)
+        if not pushing:
+            found.group.close()
+        return pushing
+
     def latest(self) -> HostedGroup | None:
         with self._lock:
             return self._opened[-1] if self._opened else None

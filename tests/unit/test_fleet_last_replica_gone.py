@@ -81,6 +81,10 @@ class WaitingLearner(FakeLearner):
             self.replica.dead.set()  # gone between this step's Train and its push
         return result
 
+    def abort_weight_group(self, group, reason) -> bool:
+        self.released.set()  # the waiting push ends (AbortWeightGroup, issue 44)
+        return True
+
     def push_weights(self, version, timeout_s, digest=False, group=""):
         if self.replica.dead.is_set():
             self.released.wait(SYNC_TIMEOUT_S)

@@ -134,6 +134,9 @@ class FakeLearner:
             raise WeightSyncError("learner service at fake-learner:3: PushWeights failed with ABORTED")
         return SimpleNamespace(digest="d")
 
+    def abort_weight_group(self, group, reason) -> bool:
+        return False  # its push waits for nothing
+
     def save_checkpoint(self, step) -> str:
         return f"checkpoints/step_{step}"
 

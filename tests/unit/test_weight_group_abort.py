@@ -39,6 +39,13 @@ def learner(tiny_model_dir, tmp_path_factory):
                    torch.float32, tmp_path_factory.mktemp("ckpt"), seed=0)
 
 
+def _told_aborted(error: object) -> bool:
+    """A member's pull ends with a WeightSyncError that says why: the abort's mark in the rendezvous, or
+    (when the learner closed the aborted group first) its store gone."""
+    return isinstance(error, WeightSyncError) and any(
+        words in str(error) for words in ("aborted", "closed the weight group", "lost the weight store"))
+
+
 def _in_thread(fn) -> tuple[threading.Thread, dict]:
     outcome: dict = {}
 
@@ -64,8 +71,10 @@ def _wait_for_keys(address: str, keys: list[str]) -> None:
 
 
 def _member(address: str, rank: int, world_size: int) -> tuple[threading.Thread, dict]:
+    """A rollout rank: joined (its JoinWeightGroup, here), then pulling in a thread."""
+    group = WeightGroup.join(address, rank, world_size, timeout_s=TIMEOUT_S)
+
     def pull():
-        group = WeightGroup.join(address, rank, world_size, timeout_s=TIMEOUT_S)
         try:
             with group.bounded():
                 group.connect()
@@ -90,8 +99,7 @@ def test_an_abort_ends_a_push_waiting_for_a_rank_that_never_comes(learner):
     assert "aborted" in str(push_out["error"]) and "rank 2's pull failed" in str(push_out["error"])
     assert push_out["ended"] - aborted_at < ENDS_WITHIN_S, f"the push ended {push_out['took']:.1f}s in"
     # the surviving member's pull ends too (its JoinWeightGroup for the next group would wait for it)
-    assert isinstance(member_out.get("error"), WeightSyncError), member_out
-    assert "aborted" in str(member_out["error"])
+    assert _told_aborted(member_out.get("error")), member_out
     assert member_out["ended"] - aborted_at < ENDS_WITHIN_S, f"the pull ended {member_out['took']:.1f}s in"
     # the group is gone: a later push to it is refused at once, naming it
     with pytest.raises(WeightSyncError, match="no weight group at"):
@@ -132,13 +140,13 @@ def test_an_abort_of_a_group_nobody_pushes_on_is_harmless(learner):
     learner.push_weights(learner.version, group=active)
     member.join(60)
     idle, _ = learner.open_weight_group(2, "127.0.0.1", TIMEOUT_S)
-    # the member joined the group but the push never came: the abort ends its wait, and the group
-    late, late_out = _member(idle, 1, 2)
-    _wait_for_keys(idle, ["joined/1"])
+    # the member joined the group but the push never came (the pull waits for the learner's rendezvous
+    # nonce): whether it waits already or arrives after the abort, its pull ends at once
     began = time.monotonic()
+    late, late_out = _member(idle, 1, 2)
     assert learner.abort_weight_group(idle, "its member failed") is False  # no push was on it
     late.join(60)
-    assert isinstance(late_out.get("error"), WeightSyncError) and "aborted" in str(late_out["error"])
+    assert _told_aborted(late_out.get("error")), late_out
     assert time.monotonic() - began < ENDS_WITHIN_S
     with pytest.raises(WeightSyncError, match="no weight group at"):  # a push after the abort: at once
         learner.push_weights(learner.version, group=idle)

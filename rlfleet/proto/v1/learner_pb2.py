@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.proto.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"\xde\x01\n\x0bTrainSample\x12\x16\n\nprompt_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x0cresponse_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x1e\n\x12\x62\x65haviour_logprobs\x18\x03 \x03(\x02\x42\x02\x10\x01\x12\x11\n\tadvantage\x18\x04 \x01(\x02\x12\x1a\n\x12generation_version\x18\x05 \x01(\x03\x12\x0e\n\x06reward\x18\x06 \x01(\x02\x12\x15\n\tloss_mask\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\'\n\x07payload\x18\x08 \x01(\x0b\x32\x16.rlfleet.v1.PayloadRef\"A\n\nPayloadRef\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06sample\x18\x03 \x01(\r\"\x8f\x01\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12(\n\x07samples\x18\x02 \x03(\x0b\x32\x17.rlfleet.v1.TrainSample\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x1d\n\x10\x65xpected_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"\x90\x01\n\rTrainResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x37\n\x07metrics\x18\x02 \x03(\x0b\x32&.rlfleet.v1.TrainResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"Z\n\x16OpenWeightGroupRequest\x12\x12\n\nworld_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x19\n\x11member_placements\x18\x03 \x03(\t\";\n\x17OpenWeightGroupResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\"D\n\x12PushWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x08\x12\r\n\x05group\x18\x03 \x01(\t\"V\n\x13PushWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"%\n\x15SaveCheckpointRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"&\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x18\n\x16ListCheckpointsRequest\",\n\x0e\x43heckpointInfo\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\"}\n\x17ListCheckpointsResponse\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.rlfleet.v1.CheckpointInfo\x12\x31\n\rrestored_from\x18\x02 \x01(\x0b\x32\x1a.rlfleet.v1.CheckpointInfo2\xee\x03\n\x07Learner\x12<\n\x05Train\x12\x18.rlfleet.v1.TrainRequest\x1a\x19.rlfleet.v1.TrainResponse\x12Z\n\x0fOpenWeightGroup\x12\".rlfleet.v1.OpenWeightGroupRequest\x1a#.rlfleet.v1.OpenWeightGroupResponse\x12N\n\x0bPushWeights\x12\x1e.rlfleet.v1.PushWeightsRequest\x1a\x1f.rlfleet.v1.PushWeightsResponse\x12W\n\x0eSaveCheckpoint\x12!.rlfleet.v1.SaveCheckpointRequest\x1a\".rlfleet.v1.SaveCheckpointResponse\x12Z\n\x0fListCheckpoints\x12\".rlfleet.v1.ListCheckpointsRequest\x1a#.rlfleet.v1.ListCheckpointsResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/learner.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"\xde\x01\n\x0bTrainSample\x12\x16\n\nprompt_ids\x18\x01 \x03(\x05\x42\x02\x10\x01\x12\x18\n\x0cresponse_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x1e\n\x12\x62\x65haviour_logprobs\x18\x03 \x03(\x02\x42\x02\x10\x01\x12\x11\n\tadvantage\x18\x04 \x01(\x02\x12\x1a\n\x12generation_version\x18\x05 \x01(\x03\x12\x0e\n\x06reward\x18\x06 \x01(\x02\x12\x15\n\tloss_mask\x18\x07 \x03(\x05\x42\x02\x10\x01\x12\'\n\x07payload\x18\x08 \x01(\x0b\x32\x16.rlfleet.v1.PayloadRef\"A\n\nPayloadRef\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06sample\x18\x03 \x01(\r\"\x8f\x01\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12(\n\x07samples\x18\x02 \x03(\x0b\x32\x17.rlfleet.v1.TrainSample\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x1d\n\x10\x65xpected_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x13\n\x11_expected_version\"\x90\x01\n\rTrainResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x37\n\x07metrics\x18\x02 \x03(\x0b\x32&.rlfleet.v1.TrainResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"Z\n\x16OpenWeightGroupRequest\x12\x12\n\nworld_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x19\n\x11member_placements\x18\x03 \x03(\t\";\n\x17OpenWeightGroupResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\"D\n\x12PushWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x08\x12\r\n\x05group\x18\x03 \x01(\t\"V\n\x13PushWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"8\n\x17\x41\x62ortWeightGroupRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"+\n\x18\x41\x62ortWeightGroupResponse\x12\x0f\n\x07pushing\x18\x01 \x01(\x08\"%\n\x15SaveCheckpointRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\"&\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\"\x18\n\x16ListCheckpointsRequest\",\n\x0e\x43heckpointInfo\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0c\n\x04path\x18\x02 \x01(\t\"}\n\x17ListCheckpointsResponse\x12/\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1a.rlfleet.v1.CheckpointInfo\x12\x31\n\rrestored_from\x18\x02 \x01(\x0b\x32\x1a.rlfleet.v1.CheckpointInfo2\xcd\x04\n\x07Learner\x12<\n\x05Train\x12\x18.rlfleet.v1.TrainRequest\x1a\x19.rlfleet.v1.TrainResponse\x12Z\n\x0fOpenWeightGroup\x12\".rlfleet.v1.OpenWeightGroupRequest\x1a#.rlfleet.v1.OpenWeightGroupResponse\x12N\n\x0bPushWeights\x12\x1e.rlfleet.v1.PushWeightsRequest\x1a\x1f.rlfleet.v1.PushWeightsResponse\x12]\n\x10\x41\x62ortWeightGroup\x12#.rlfleet.v1.AbortWeightGroupRequest\x1a$.rlfleet.v1.AbortWeightGroupResponse\x12W\n\x0eSaveCheckpoint\x12!.rlfleet.v1.SaveCheckpointRequest\x1a\".rlfleet.v1.SaveCheckpointResponse\x12Z\n\x0fListCheckpoints\x12\".rlfleet.v1.ListCheckpointsRequest\x1a#.rlfleet.v1.ListCheckpointsResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -60,16 +60,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHWEIGHTSREQUEST']._serialized_end=871
   _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=873
   _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=959
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=961
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=998
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1000
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1038
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1040
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1064
-  _globals['_CHECKPOINTINFO']._serialized_start=1066
-  _globals['_CHECKPOINTINFO']._serialized_end=1110
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1112
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1237
-  _globals['_LEARNER']._serialized_start=1240
-  _globals['_LEARNER']._serialized_end=1734
+  _globals['_ABORTWEIGHTGROUPREQUEST']._serialized_start=961
+  _globals['_ABORTWEIGHTGROUPREQUEST']._serialized_end=1017
+  _globals['_ABORTWEIGHTGROUPRESPONSE']._serialized_start=1019
+  _globals['_ABORTWEIGHTGROUPRESPONSE']._serialized_end=1062
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1064
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1101
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1103
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1141
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1143
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1167
+  _globals['_CHECKPOINTINFO']._serialized_start=1169
+  _globals['_CHECKPOINTINFO']._serialized_end=1213
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1215
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1340
+  _globals['_LEARNER']._serialized_start=1343
+  _globals['_LEARNER']._serialized_end=1932
 # @@protoc_insertion_point(module_scope)

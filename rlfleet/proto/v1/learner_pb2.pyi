@@ -104,6 +104,20 @@ class PushWeightsResponse(_message.Message):
     digest: str
     def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., digest: _Optional[str] = ...) -> None: ...
 
+class AbortWeightGroupRequest(_message.Message):
+    __slots__ = ("group", "reason")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    reason: str
+    def __init__(self, group: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortWeightGroupResponse(_message.Message):
+    __slots__ = ("pushing",)
+    PUSHING_FIELD_NUMBER: _ClassVar[int]
+    pushing: bool
+    def __init__(self, pushing: _Optional[bool] = ...) -> None: ...
+
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("step",)
     STEP_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,11 @@ class LearnerStub:
                 request_serializer=rlfleet_dot_v1_dot_learner__pb2.PushWeightsRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_learner__pb2.PushWeightsResponse.FromString,
                 _registered_method=True)
+        self.AbortWeightGroup = channel.unary_unary(
+                '/rlfleet.v1.Learner/AbortWeightGroup',
+                request_serializer=rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupResponse.FromString,
+                _registered_method=True)
         self.SaveCheckpoint = channel.unary_unary(
                 '/rlfleet.v1.Learner/SaveCheckpoint',
                 request_serializer=rlfleet_dot_v1_dot_learner__pb2.SaveCheckpointRequest.SerializeToString,
@@ -96,6 +101,15 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AbortWeightGroup(self, request, context):
+        """Ends the push to the group at `group` at once (it fails ABORTED, naming `reason`) and closes the
+        group: a member failed inside the sync, and the push would wait out the group's timeout for it. A
+        group the learner does not hold, or one nobody pushes on, is no error (nothing is pushing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SaveCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -134,6 +148,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.PushWeights,
                     request_deserializer=rlfleet_dot_v1_dot_learner__pb2.PushWeightsRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_learner__pb2.PushWeightsResponse.SerializeToString,
+            ),
+            'AbortWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortWeightGroup,
+                    request_deserializer=rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupResponse.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
@@ -232,6 +251,33 @@ class Learner:
             '/rlfleet.v1.Learner/PushWeights',
             rlfleet_dot_v1_dot_learner__pb2.PushWeightsRequest.SerializeToString,
             rlfleet_dot_v1_dot_learner__pb2.PushWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Learner/AbortWeightGroup',
+            rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupRequest.SerializeToString,
+            rlfleet_dot_v1_dot_learner__pb2.AbortWeightGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
