@@ -95,9 +95,10 @@ class WeightSync:
         return address
 
     def _settle(self) -> None:
-        """Waits for the calls a failed sync left running: the learner's push (and the other pulls)
-        wait out the rendezvous of a member that died, and until then a push is refused as Busy and
-        a rollout's JoinWeightGroup waits for its pull. They end within the group's timeout."""
+        """Waits for the calls a failed sync left running: until they end a push is refused as Busy and
+        a rollout's JoinWeightGroup waits for its pull. After a failed pull the push was aborted
+        (_abort), and they end at once; otherwise (or a learner that did not answer the abort) within
+        the group's timeout."""
         if self._leftover:
             wait(self._leftover, timeout=self.timeout_s + 10)
             self._leftover = []

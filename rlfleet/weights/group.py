@@ -46,6 +46,9 @@ MEMBER_WAIT_S = 20.0
 # at once, so it costs nothing to a broadcast that completes.
 ABORT_CHECK_S = 0.1
 ABORTED = "aborted"  # the rendezvous key (and the mark on waiting ranks' keys) an abort leaves
+# An aborted group's store outlives close() by this much, so the ranks it woke read why (its mark)
+# rather than a closed connection (which torch also logs as a warning with a C++ stack on every rank).
+ABORT_LINGER_S = 2.0
 
 
 def _proof(token: str, nonce: str, rank: int) -> str:
@@ -198,7 +201,9 @@ class WeightGroup:
                 raise WeightSyncError(f"weight group rank {self.rank}: {self._broken}") from e
         if reason is not None:
             self._aborted = reason
-            self._broken = f"weight group at {self.address} was aborted by the learner: {reason}"
+            self._broken = (f"the push to the weight group at {self.address} was aborted: {reason}"
+                            if self.rank == 0 else
+                            f"the learner aborted the weight group at {self.address}: {reason}")
             raise WeightSyncError(f"weight group rank {self.rank}: {self._broken}")
 
     def connect(self, generation: int = 0) -> None:
@@ -434,7 +439,13 @@ class WeightGroup:
     def close(self) -> None:
         """Tear down the group and release the store (rank 0 stops serving it)."""
         self._drop(abort=self._broken is not None)
-        self._store = None
+        store, self._store = self._store, None
+        if store is not None and self.rank == 0 and self._aborted is not None:
+            held = [store]
+            del store
+            linger = threading.Timer(ABORT_LINGER_S, held.clear)
+            linger.daemon = True
+            linger.start()
 
     def __enter__(self) -> WeightGroup:
         return self
