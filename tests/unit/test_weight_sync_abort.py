@@ -24,7 +24,7 @@ from bench.fleetsim.rendezvous import MEMBER_WAIT_S, RendezvousMember
 from controller.clients import LearnerClient
 from controller.reform import MembersFailed
 from controller.weight_sync import WeightSync
-from rlfleet.errors import ServiceUnavailable
+from rlfleet.errors import RlfleetError, ServiceUnavailable
 from rlfleet.proto.v1 import learner_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
 from rlfleet.types import ServiceStatus
@@ -105,3 +105,11 @@ def test_a_member_dead_inside_the_group_does_not_hold_the_next_reform(learner):
     assert seconds >= 0
     # without the abort, the next open waited for the push's rank wait (20 s) for the dead member
     assert took < MEMBER_WAIT_S / 2, f"the re-form took {took:.1f}s"
+
+
+def test_an_abort_must_name_its_group(learner):
+    """Never "the group opened last" by default: an abort without an address is refused, naming why;
+    one naming a group the learner does not hold does nothing."""
+    with pytest.raises(RlfleetError, match="INVALID_ARGUMENT.*weight group address must be 'host:port'"):
+        learner.abort_weight_group("", "stray")
+    assert learner.abort_weight_group("127.0.0.1:1", "stray") is False
