@@ -378,16 +378,24 @@ class WeightGroup:
 
     def _wait(self, work: dist.Work) -> None:
         """gloo honours a wait's timeout without cancelling the work, so the wait is taken in slices of
-        ABORT_CHECK_S, between which an abort() is seen; a work that completes returns at once."""
-        while True:
+        ABORT_CHECK_S, between which an abort() is seen; a work that completes returns at once. The
+        whole wait ends when the operation's time is up, as one wait would (outside bounded() too: a
+        fixed end, not the timeout afresh each slice)."""
+        start = time.monotonic()
+        end = start + self._left()
+        while not work.is_completed():
             self._check_aborted()
-            left = self._left()
+            left = end - time.monotonic()
+            if left <= 0:
+                raise WeightSyncError(f"weight broadcast timed out after {time.monotonic() - start:.3g}s on "
+                                      f"rank {self.rank} (learner.weight_sync_timeout_s={self.timeout_s:g})")
             try:
                 work.wait(timedelta(seconds=min(ABORT_CHECK_S, left)))
-                return
             except Exception:
-                if work.is_completed() or left <= ABORT_CHECK_S:  # failed, or the operation's time is up
-                    raise
+                if not work.is_completed():
+                    continue  # the slice ran out
+        work.wait()  # completed: returns, or raises the work's own error (a slice's timeout that raced
+        # with the completion is not taken for a failure)
 
     def fail(self, reason: str) -> NoReturn:
         """Breaks the group from above (a rank can no longer follow the push): every rank must reconnect."""
