@@ -23,6 +23,11 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+def outside_seconds(start: float, end: float, pause: tuple[float, float] | None) -> float:
+    """Seconds of [start, end] outside the pause window (all of them without a pause)."""
+    return end - start - (_overlap(start, end, *pause) if pause else 0.0)
+
+
 def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[float, float],
             rss_mb: list[float], ideal_per_replica: float, staleness: int,
             samples_per_group: int = 16, pause: tuple[float, float] | None = None) -> dict:
@@ -59,7 +64,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     p0, p1 = pause or (0.0, 0.0)
     admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]
     # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
-    idle, alive_total, ideal = [], 0.0, 0.0
+    idle, alive_total, ideal, ideal_outside = [], 0.0, 0.0, 0.0
     for r in replicas:
         start, end = max(r["started"], t0), min(r["ended"] or t1, t1)
         if end - start < 1.0:
@@ -68,6 +73,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         idle.append(1 - busy / (end - start))
         alive_total += end - start
         ideal += (end - start) * ideal_per_replica / r["factor"]
+        ideal_outside += outside_seconds(start, end, pause) * ideal_per_replica / r["factor"]
     # Through the controller: groups scored (into the buffer) in the window, which flows evenly; the
     # trained rate comes in bursts of a batch, so it is taken over the whole steps in the window.
     # A straggler's groups: trained (in a later batch, within the bound) or dropped as stale; the
@@ -79,6 +85,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     straggler = {"replicas": len(slow), "groups": len(slow_seqs), "trained": len(slow_seqs & trained_seqs),
                  "dropped": len(slow_seqs & dropped_seqs)} if slow else {}
     groups = sum(t0 <= t <= t1 for t in scored.values())
+    groups_outside = sum(t0 <= t <= t1 and not (pause and pause[0] <= t <= pause[1]) for t in scored.values())
     span = t1 - t0
     done = sorted(s["done"] for s in steps if t0 <= s["done"] <= t1)
     batch_groups = steps[-1]["samples"] / samples_per_group if steps else 0
@@ -99,6 +106,9 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "trained_groups_per_s": trained_rate, "steps_in_window": len(done),
         "reforms_in_window": sum(e["event"] == "weight_group_rebuilt" and t0 <= e["t"] <= t1 for e in events),
         "ideal_groups_per_s": ideal / span, "fraction_of_ideal": groups / ideal if ideal else float("nan"),
+        # the learner's pause holds every slot at S = 1 by design (the staleness gate): the fleet's rate
+        # with the pause taken out of the window (its groups and its replica-seconds alike)
+        "fraction_of_ideal_outside_pause": groups_outside / ideal_outside if ideal_outside else float("nan"),
         "controller_cpu_s": cpu[1] - cpu[0],
         "controller_cpu_ms_per_group": 1000 * (cpu[1] - cpu[0]) / max(1, groups),
         "controller_cpu_share": (cpu[1] - cpu[0]) / span,
