@@ -63,7 +63,7 @@ class FakeRollout:
     def __init__(self, faults: Faults) -> None:
         self.faults, self.version = faults, 0
 
-    def generate(self, requests, params):
+    def generate(self, requests, params, payload_sink=""):
         for k, request in enumerate(requests):
             if k == 1 and self.faults.fire("rollout", "generate"):  # mid-stream, after one group
                 raise ServiceUnavailable("rollout service at fake-rollout:1: Generate failed: UNAVAILABLE")

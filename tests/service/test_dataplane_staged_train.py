@@ -1,0 +1,144 @@
+"""Staging on the data plane (issue 44), in process over real gRPC and Flight servers: the rollout
+servicer (tiny model) holds each group it generates and pushes it, off the Generate stream, to the
+learner's staging store named in GenerateRequest.payload_sink (which the learner reports in GetStatus);
+a Train whose groups are all staged fetches nothing (the replica's Flight server is shut down before it)
+and trains exactly what the inline request trains; a learner full beyond its bound refuses a push (the
+replica counts it, keeps its copy) and that group is fetched from the replica at Train time."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from rlfleet.config import LearnerConfig
+from rlfleet.dataplane.flight import PayloadClient, PayloadServer
+from rlfleet.dataplane.push import PayloadPusher
+from rlfleet.dataplane.staging import StagingStore, staged_key
+from rlfleet.dataplane.store import MemoryStore
+from rlfleet.proto.v1 import common_pb2, learner_pb2, learner_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from rlfleet.rpc.convert import group_from_proto, train_batch_to_proto
+from rlfleet.types import GroupResult, TrainBatch, TrainSample
+from tests.service.servicer_harness import TIMEOUT, Running, attach, code_of, details_of, make_learner
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+PROMPTS = {"p0-s0": [6, 7, 41, 8, 45], "p1-s1": [15, 16]}
+
+
+@dataclass
+class Plane:
+    replica: PayloadServer  # the rollout's data plane
+    pusher: PayloadPusher
+    staging: PayloadServer  # the learner's
+    rollout: rollout_pb2_grpc.RolloutStub
+    learner: learner_pb2_grpc.LearnerStub
+    learner_running: Running
+
+
+@pytest.fixture
+def plane(started: Callable[[str], Running], hf_engine, tiny_model_dir: Path, tmp_path: Path
+          ) -> Iterator[Callable[[int], Plane]]:
+    servers: list[PayloadServer] = []
+    pushers: list[PayloadPusher] = []
+
+    def build(staging_tokens: int) -> Plane:
+        rollout = started("rollout")
+        replica = PayloadServer(MemoryStore())
+        pusher = PayloadPusher(replica.store, replica.address, PayloadClient(timeout_s=10))
+        rollout.servicer.payloads, rollout.servicer.pusher = (replica.store, replica.address), pusher
+        attach("rollout", rollout, hf_engine)
+        learner = started("learner")
+        staging = PayloadServer(StagingStore(staging_tokens))
+        learner.servicer.payloads = PayloadClient(timeout_s=10)
+        learner.servicer.staging, learner.servicer.payload_sink = staging.store, staging.address
+        attach("learner", learner, make_learner(tiny_model_dir, LearnerConfig(lr=1e-3, micro_batch_tokens=16),
+                                                tmp_path / f"ckpt{len(servers)}"))
+        servers.extend([replica, staging])
+        pushers.append(pusher)
+        return Plane(replica, pusher, staging, rollout_pb2_grpc.RolloutStub(rollout.channel),
+                     learner_pb2_grpc.LearnerStub(learner.channel), learner)
+
+    yield build
+    for pusher in pushers:
+        pusher.close()
+    for server in servers:
+        server.shutdown()
+
+
+def _generate(p: Plane, sink: str, prompts: dict[str, list[int]] = PROMPTS) -> list[GroupResult]:
+    request = rollout_pb2.GenerateRequest(
+        prompts=[rollout_pb2.PromptInput(request_id=rid, prompt_ids=ids) for rid, ids in prompts.items()],
+        params=common_pb2.SamplingParams(n=3, temperature=1.0, max_new_tokens=5, seed=3), payload_sink=sink)
+    return [group_from_proto(m) for m in p.rollout.Generate(request, timeout=TIMEOUT)]
+
+
+def _train_request(groups: list[GroupResult], tokens: dict[str, list] | None = None,
+                   step: int = 1) -> learner_pb2.TrainRequest:
+    """The controller's request (references), or with `tokens` (request id: payloads) the inline one."""
+    samples = []
+    for g in groups:
+        for i, c in enumerate(g.completions):
+            p = tokens[g.request_id][i] if tokens else None
+            samples.append(TrainSample([6, 7, 8], p.token_ids if p else [], p.logprobs if p else [],
+                                       0.5 - 0.25 * i, c.policy_version, payload=None if p else c.payload))
+    return train_batch_to_proto(TrainBatch(step, samples, 1.0, step - 1))
+
+
+def test_the_learner_reports_its_sink_and_a_bad_sink_is_refused(plane):
+    p = plane(10_000)
+    status = p.learner.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    assert status.payload_sink == p.staging.address
+    request = rollout_pb2.GenerateRequest(prompts=[rollout_pb2.PromptInput(request_id="a", prompt_ids=[5])],
+                                          params=common_pb2.SamplingParams(n=1, max_new_tokens=2),
+                                          payload_sink="no-port")
+    call = lambda: p.rollout.Generate(request, timeout=TIMEOUT)  # noqa: E731
+    assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "payload_sink must be 'host:port', got 'no-port'" in details_of(call)
+
+
+def test_a_train_whose_groups_are_staged_fetches_nothing_and_trains_as_inline(plane):
+    p = plane(10_000)
+    groups = _generate(p, p.staging.address)
+    assert all(not c.token_ids and c.payload is not None for g in groups for c in g.completions)
+    assert p.pusher.wait_idle(30)
+    status = p.rollout.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    assert status.stats["payload_pushed"] == 2 and status.stats["payload_push_failed"] == 0
+    keys = [staged_key(p.replica.address, rid) for rid in PROMPTS]
+    assert sorted(p.staging.store.held()) == sorted(keys)
+    held = p.replica.store.get(PROMPTS)  # the replica keeps its copy until released
+    p.replica.shutdown()  # a fetch from the replica would now fail: the batch must come from staging
+    reply = p.learner.Train(_train_request(groups), timeout=TIMEOUT)
+    assert reply.policy_version == 1
+    assert sorted(p.staging.store.held()) == sorted(keys)  # kept for a retry of this step's Train
+
+    # the same batch inline, on a fresh learner: the same step
+    inline = plane(10_000)
+    inline_reply = inline.learner.Train(_train_request(groups, held), timeout=TIMEOUT)
+    assert dict(reply.metrics)["actor/pg_loss"] == dict(inline_reply.metrics)["actor/pg_loss"]
+    staged_model = p.learner_running.servicer.learner.model
+    inline_model = inline.learner_running.servicer.learner.model
+    for (name, a), (_, b) in zip(staged_model.named_parameters(), inline_model.named_parameters()):
+        assert torch.equal(a, b), name
+
+    # the next step's groups are staged too (the pusher reads the replica's own store, not its server);
+    # its Train releases this step's from the staging store
+    later = {"p2-s2": [9, 10], "p3-s3": [11]}
+    second = _generate(p, p.staging.address, later)
+    assert p.pusher.wait_idle(30)
+    assert p.learner.Train(_train_request(second, step=2), timeout=TIMEOUT).policy_version == 2
+    assert sorted(p.staging.store.held()) == sorted(staged_key(p.replica.address, rid) for rid in later)
+
+
+def test_a_push_beyond_the_bound_is_refused_and_its_group_fetched_at_train(plane):
+    p = plane(1)  # every group holds 3 samples of >= 1 token: each push is refused
+    groups = _generate(p, p.staging.address)
+    assert p.pusher.wait_idle(30)
+    status = p.rollout.GetStatus(common_pb2.GetStatusRequest(), timeout=TIMEOUT).stats
+    assert (status["payload_pushed"], status["payload_push_failed"]) == (0, 2)
+    assert p.staging.store.held() == []
+    assert sorted(p.replica.store.held()) == sorted(PROMPTS)  # the replica kept its copies
+    assert p.learner.Train(_train_request(groups), timeout=TIMEOUT).policy_version == 1  # fetched
