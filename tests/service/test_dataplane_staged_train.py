@@ -6,6 +6,7 @@ and trains exactly what the inline request trains; a learner full beyond its bou
 replica counts it, keeps its copy) and that group is fetched from the replica at Train time."""
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +143,23 @@ def test_a_push_beyond_the_bound_is_refused_and_its_group_fetched_at_train(plane
     assert p.staging.store.held() == []
     assert sorted(p.replica.store.held()) == sorted(PROMPTS)  # the replica kept its copies
     assert p.learner.Train(_train_request(groups), timeout=TIMEOUT).policy_version == 1  # fetched
+
+
+def test_a_checkpoint_does_not_wait_for_releases_at_a_replica_that_does_not_answer(plane):
+    """Groups trained before a checkpoint are released at their replicas then; a replica that died
+    without closing its socket (a host gone) answers nothing: a release to it fails only after gRPC's
+    20 s connection timeout (seen here) or the data plane's deadline, one replica after the other. With
+    staging the learner trains groups of replicas long dead, so those releases must not hold up the
+    SaveCheckpoint call (its deadline here: 10 s)."""
+    p = plane(10_000)
+    silent = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        servicer = p.learner_running.servicer
+        servicer.payloads = PayloadClient(timeout_s=120)
+        servicer._unreleased = [(f"127.0.0.1:{silent.getsockname()[1]}", ["p0-s0"])]  # trained, not released
+        reply = p.learner.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=0), timeout=10)
+        assert reply.path.endswith("step_0")
+    finally:
+        silent.close()  # the release then fails at once
