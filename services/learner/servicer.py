@@ -10,8 +10,9 @@ from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.dataplane.flight import PayloadClient
 from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys
+from rlfleet.dataplane.release import BackgroundReleases
 from rlfleet.dataplane.staging import StagingStore, replica_of
-from rlfleet.errors import NotReady, RlfleetError
+from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
@@ -60,6 +61,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.staging, self.payload_sink = staging, payload_sink
         self._unreleased: list[tuple[str, list[str]]] = []  # (replica, groups) trained, not checkpointed
         self._trained_staged: list[str] = []  # the last step's staged groups (kept for its retry)
+        self._releases: BackgroundReleases | None = None
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
@@ -115,17 +117,19 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
 
     def _release(self) -> None:
-        """Groups trained before a checkpoint leave their replicas' stores (best effort: a replica gone
-        took them along)."""
-        fetched, self._unreleased = self._unreleased, []
+        """Groups trained before a checkpoint leave the staging store and their replicas' stores, these
+        off the call (rlfleet/dataplane/release.py: a replica gone answers late or not at all)."""
+        trained, self._unreleased = self._unreleased, []
         if self.staging is not None:
             self.staging.release(self._trained_staged)
             self._trained_staged = []
-        for address, ids in fetched:
-            try:
-                self.payloads.release(address, ids)
-            except RlfleetError as exc:
-                log.warning("data plane release failed", address=address, groups=len(ids), error=str(exc))
+        by_address: dict[str, list[str]] = {}
+        for address, ids in trained:
+            by_address.setdefault(address, []).extend(ids)
+        if by_address and self._releases is None:
+            self._releases = BackgroundReleases(self.payloads)
+        for address, ids in by_address.items():
+            self._releases.submit(address, ids)
 
     @rpc_method
     def OpenWeightGroup(self, request, context):

@@ -7,6 +7,7 @@ replica counts it, keeps its copy) and that group is fetched from the replica at
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,12 @@ def test_a_push_beyond_the_bound_is_refused_and_its_group_fetched_at_train(plane
     assert p.staging.store.held() == []
     assert sorted(p.replica.store.held()) == sorted(PROMPTS)  # the replica kept its copies
     assert p.learner.Train(_train_request(groups), timeout=TIMEOUT).policy_version == 1  # fetched
+    # trained groups leave their replica at the next checkpoint (off the call: waited for here)
+    p.learner.SaveCheckpoint(learner_pb2.SaveCheckpointRequest(step=1), timeout=TIMEOUT)
+    deadline = time.monotonic() + 60
+    while p.replica.store.held():
+        assert time.monotonic() < deadline, "the trained groups were never released at their replica"
+        time.sleep(0.05)
 
 
 def test_a_checkpoint_does_not_wait_for_releases_at_a_replica_that_does_not_answer(plane):
