@@ -14,10 +14,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+import structlog.testing
 import torch
 
 from rlfleet.config import LearnerConfig
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer
+from rlfleet.dataplane.payload import TokenPayload
 from rlfleet.dataplane.push import PayloadPusher
 from rlfleet.dataplane.staging import StagingStore, staged_key
 from rlfleet.dataplane.store import MemoryStore
@@ -170,3 +172,26 @@ def test_a_checkpoint_does_not_wait_for_releases_at_a_replica_that_does_not_answ
         assert reply.path.endswith("step_0")
     finally:
         silent.close()  # the release then fails at once
+
+
+def test_pushes_to_a_sink_that_is_gone_are_counted_and_logged_once():
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))
+    sink = f"127.0.0.1:{gone.getsockname()[1]}"
+    gone.close()  # nothing listens there: each put is refused at once
+    store = MemoryStore()
+    pusher = PayloadPusher(store, "127.0.0.1:1", PayloadClient(timeout_s=10))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for rid in ("a", "b"):
+                store.put(rid, [TokenPayload([1, 2], [-1.0, -0.5], 0)])
+                pusher.push(sink, rid)
+                assert pusher.wait_idle(30)  # one put each
+            pusher.push(sink, "released")  # not held (released meanwhile): nothing to push
+            assert pusher.wait_idle(30)
+    finally:
+        pusher.close()
+    assert pusher.stats() == {"payload_pushed": 0.0, "payload_push_failed": 2.0, "payload_push_dropped": 0.0}
+    warned = [e for e in logs if e["event"].startswith("data plane push to the learner failed")]
+    assert len(warned) == 1 and warned[0]["sink"] == sink
+    assert sorted(store.held()) == ["a", "b"]  # the replica keeps its copies
