@@ -19,7 +19,7 @@ import torch
 
 from rlfleet.config import LearnerConfig
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer
-from rlfleet.dataplane.payload import TokenPayload
+from rlfleet.dataplane.payload import TokenPayload, to_table
 from rlfleet.dataplane.push import PayloadPusher
 from rlfleet.dataplane.staging import StagingStore, staged_key
 from rlfleet.dataplane.store import MemoryStore
@@ -195,3 +195,17 @@ def test_pushes_to_a_sink_that_is_gone_are_counted_and_logged_once():
     warned = [e for e in logs if e["event"].startswith("data plane push to the learner failed")]
     assert len(warned) == 1 and warned[0]["sink"] == sink
     assert sorted(store.held()) == ["a", "b"]  # the replica keeps its copies
+
+
+def test_a_sample_that_names_a_payload_and_carries_tokens_is_refused(plane):
+    p = plane(10_000)
+    sample = learner_pb2.TrainSample(prompt_ids=[6, 7], response_ids=[9], behaviour_logprobs=[-1.0],
+                                     advantage=1.0, payload=learner_pb2.PayloadRef(address="10.0.0.1:1",
+                                                                                 request_id="p0-s0"))
+    staged = {staged_key("10.0.0.1:1", "p0-s0")}  # as if staged: fetch_into leaves it, validate sees it
+    p.staging.store.put_table(to_table({"p0-s0": [TokenPayload([9], [-1.0], 0)]}), "10.0.0.1:1")
+    assert set(p.staging.store.held()) == staged
+    request = learner_pb2.TrainRequest(step=1, samples=[sample], temperature=1.0, expected_version=0)
+    call = lambda: p.learner.Train(request, timeout=TIMEOUT)  # noqa: E731
+    assert code_of(call) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sample 0: names a payload and also carries response tokens" in details_of(call)
