@@ -111,9 +111,11 @@ class RolloutClient(_Client):
         super().__init__(*args, **kwargs)
         self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
 
-    def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
+    def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
+                 payload_sink: str = "") -> Iterator[t.GroupResult]:
+        """`payload_sink`: data_plane=flight, the learner's staging store the replica pushes groups to."""
         with _rpc_errors(self, "Generate"):
-            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
+            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params, payload_sink),
                                            timeout=self.timeout_s):
                 yield convert.group_from_proto(msg)
 

@@ -125,7 +125,7 @@ class GenerationSide:
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:
-                    for group in rollout.generate(requests, params):
+                    for group in rollout.generate(requests, params, self.payload_sink):
                         seq, prompt = pending.pop(group.request_id)
                         self.fleet.heard_from(member)
                         member.groups += 1

@@ -101,7 +101,10 @@ class GRPOLoop(GenerationSide):
         self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s, cfg.reward.max_outage_s)
-        self.releaser = payload_releaser(cfg)  # data_plane=flight: dropped groups leave their replicas
+        # data_plane=flight: the learner's staging store, where replicas push groups (refreshed whenever
+        # the learner's version is checked: a restarted learner stages at another port)
+        self.payload_sink = ""
+        self.releaser = payload_releaser(cfg, lambda: self.payload_sink)  # dropped groups: replicas, sink
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
@@ -316,6 +319,8 @@ class GRPOLoop(GenerationSide):
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
+        if self.releaser is not None:
+            self.payload_sink = self.learner.status().payload_sink
         if self.fleet.members():
             # The group is formed over these members and only they are committed: a replica accepted
             # meanwhile stays joining, and the next boundary re-forms the group with it.
@@ -465,14 +470,14 @@ class GRPOLoop(GenerationSide):
 RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
 
 
-def payload_releaser(cfg: JobConfig) -> PayloadReleaser | None:
+def payload_releaser(cfg: JobConfig, sink: Callable[[], str]) -> PayloadReleaser | None:
     if cfg.controller.data_plane != "flight":
         return None
     from rlfleet.dataplane.flight import PayloadClient
     from rlfleet.rpc.security import Security
 
     return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
-                                         timeout_s=RELEASE_TIMEOUT_S))
+                                         timeout_s=RELEASE_TIMEOUT_S), sink)
 
 
 def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:

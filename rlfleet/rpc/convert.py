@@ -48,9 +48,9 @@ def json_object(text: str, what: str) -> dict:
     return value
 
 
-def generate_request_to_proto(prompts: list[t.PromptRequest],
-                              params: t.SamplingParams) -> rollout_pb2.GenerateRequest:
-    return rollout_pb2.GenerateRequest(
+def generate_request_to_proto(prompts: list[t.PromptRequest], params: t.SamplingParams,
+                              payload_sink: str = "") -> rollout_pb2.GenerateRequest:
+    return rollout_pb2.GenerateRequest(payload_sink=payload_sink,
         prompts=[rollout_pb2.PromptInput(request_id=p.request_id, prompt_ids=p.prompt_ids,
                                          row=row_to_proto(p.row) if p.row is not None else None)
                  for p in prompts],
@@ -191,10 +191,12 @@ def train_batch_from_proto(msg: learner_pb2.TrainRequest) -> t.TrainBatch:
 def status_to_proto(s: t.ServiceStatus) -> common_pb2.ServiceStatus:
     return common_pb2.ServiceStatus(role=s.role, ready=s.ready, policy_version=s.policy_version,
                                     in_flight=s.in_flight, last_error=s.last_error, stats=s.stats,
-                                    metrics_port=s.metrics_port, placement=s.placement)
+                                    metrics_port=s.metrics_port, placement=s.placement,
+                                    payload_sink=s.payload_sink)
 
 
 def status_from_proto(msg: common_pb2.ServiceStatus) -> t.ServiceStatus:
     return t.ServiceStatus(role=msg.role, ready=msg.ready, policy_version=msg.policy_version,
                            in_flight=msg.in_flight, last_error=msg.last_error, stats=dict(msg.stats),
-                           metrics_port=msg.metrics_port, placement=msg.placement)
+                           metrics_port=msg.metrics_port, placement=msg.placement,
+                           payload_sink=msg.payload_sink)
