@@ -31,7 +31,7 @@ from controller.env_outage import EnvOutage
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
-from controller.generation import GenerationSide, ScoredGroupInput
+from controller.generation import GenerationSide, ScoredGroupInput, StampedCondition
 from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
@@ -83,7 +83,7 @@ class GRPOLoop(GenerationSide):
         self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
                                cfg.learner.verify_weights)
         lock = threading.RLock()
-        self._cond = threading.Condition(lock)
+        self._cond = StampedCondition(lock)
         # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
         # of them, not every generation thread waiting for admission (N wake-ups per group, ~10 % of
         # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).

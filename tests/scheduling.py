@@ -50,6 +50,7 @@ FILE_SECONDS = {
     "tests/e2e/test_fleet_sim.py": 60,
     "tests/unit/test_fleetsim_rendezvous.py": 1,
     "tests/unit/test_fleetsim_measure.py": 1,
+    "tests/unit/test_stamped_condition.py": 1,
     "tests/unit/test_dataplane_payload.py": 1,
     "tests/service/test_dataplane_flight.py": 1,
     "tests/service/test_dataplane_round_trip.py": 1,

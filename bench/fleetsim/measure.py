@@ -61,6 +61,10 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     gaps = [(a[1], b[0]) for r in replicas
             for a, b in zip(sorted(r["busy"]), sorted(r["busy"])[1:]) if t0 <= a[1] <= t1]
     admission = [b - a for a, b in gaps]
+    # The controller's own part of it: the gap less the time its gate held the request back (the
+    # journal's `held_s`, up to the notify that let it through), i.e. a free slot the gate allows to
+    # fill, to the prompt dispatched to it.
+    own = controller_admission(replicas, events, t0, t1)
     p0, p1 = pause or (0.0, 0.0)
     admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]
     # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
@@ -123,6 +127,8 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "admission_ms_p99": 1000 * percentile(admission, 99),
         "admission_ms_p99_outside_pause": 1000 * percentile(admission_outside, 99),
         "admission_count": len(admission), "pause_window": list(pause) if pause else None,
+        "controller_admission_ms_p50": 1000 * percentile(own, 50),
+        "controller_admission_ms_p99": 1000 * percentile(own, 99), "controller_admission_count": len(own),
         "train_call_beyond_modelled_s_p50": percentile(train_extra, 50),
         "train_call_beyond_modelled_s_max": max(train_extra) if train_extra else float("nan"),
         "to_batch_ms_p50": 1000 * percentile(to_batch, 50),
@@ -147,6 +153,28 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "joined_late": sum(r["started"] > t0 for r in replicas),
         **membership(events, t0, t1),
     }
+
+
+def controller_admission(replicas: list[dict], events: list[dict], t0: float, t1: float) -> list[float]:
+    """For each replica's gap between two Generates (the first ending in [t0, t1]): the gap less the
+    `held_s` of the dispatch that started the second (the journal's last `dispatched` of its first
+    group before it began). Gaps whose dispatch carries no `held_s` (code before it) are left out."""
+    dispatched: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        if e["event"] == "dispatched" and "held_s" in e:
+            dispatched.setdefault(e["seq"], []).append((e["t"], e["held_s"]))
+    own = []
+    for r in replicas:
+        busy = sorted(r["busy"])
+        sent = sorted((when, seq) for seq, _due, when, _v in r["sent"])
+        for a, b in zip(busy, busy[1:]):
+            if not t0 <= a[1] <= t1:
+                continue
+            first = next((seq for when, seq in sent if b[0] <= when <= b[1]), None)
+            held = [h for t, h in dispatched.get(first, []) if t <= b[0] + 0.01]
+            if held:
+                own.append(max(0.0, b[0] - a[1] - held[-1]))
+    return own
 
 
 def max_in_flight_bound(generation_s_max: float) -> float:
