@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from rlfleet.data.prompts import Prompt
-from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
@@ -149,8 +149,9 @@ class GenerationSide:
                     if member.joined or not member.takes_work():  # an elastic member leaves instead
                         member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
                                                                     "replica_left", exc)
-                        if member.state != LEAVING:
-                            self.fleet.remove(member, "failed")
+                        if member.state != LEAVING:  # it stopped answering (its pings), or broke
+                            silent = isinstance(exc, PeerSilent)
+                            self.fleet.remove(member, "unreachable" if silent else "failed")
                         return
                     if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
                                                         gone=member.gone.is_set):

@@ -25,7 +25,7 @@ from tests.e2e.conftest import REPO
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
-PING_S = 0.2  # far more often than the product's keepalive, so that a second holds several pings
+PING_S = 0.5  # more often than the product's keepalive (grpc sends one a second at most)
 PING_TIMEOUT_S = 1.0
 
 SERVER = """
@@ -33,34 +33,31 @@ from rlfleet.rpc.server import ServiceServer
 server = ServiceServer(["test"], "127.0.0.1", 0)
 server.start()
 server.mark_serving()
-print(server.port, flush=True)
+print("port", server.port, flush=True)
 server.wait()
 """
 
 
-def _watch(channel: grpc.Channel, timeout_s: float) -> tuple[grpc.RpcError, float]:
-    """Opens a health Watch (one message, then quiet) and reads it until it fails; the error and the
-    seconds from the first message to the failure."""
+def _watch(channel: grpc.Channel, timeout_s: float) -> grpc.RpcError:
+    """Opens a health Watch (one message, then quiet) and reads it until it fails; the error."""
     stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""),
                                                         timeout=timeout_s)
-    started = None
+    next(stream)
     with pytest.raises(grpc.RpcError) as info:
-        for _ in stream:
-            started = time.monotonic() if started is None else started
-    assert started is not None, info.value
-    return info.value, time.monotonic() - started
+        next(stream)
+    return info.value
 
 
 def test_a_quiet_stream_on_a_kept_alive_channel_is_not_sent_away_for_its_pings():
     """gRPC servers refuse pings more often than every 5 min by default (GOAWAY too_many_pings after the
-    third): the stream would fail UNAVAILABLE ("Too many pings") after ~0.6 s instead of running to its
-    deadline. An rlfleet server takes them."""
+    third too soon, so at the fourth): the stream would fail UNAVAILABLE ("Too many pings") after ~3 s
+    instead of running to its deadline. An rlfleet server takes them."""
     server = ServiceServer(["test"], "127.0.0.1", 0)
     server.start()
     server.mark_serving()
     channel = open_channel(server.address, extra_options=keepalive_options(PING_S, PING_TIMEOUT_S))
     try:
-        error, _ = _watch(channel, timeout_s=3.0)  # ~15 pings
+        error = _watch(channel, timeout_s=6.0)  # ~6 pings
         assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (error.code(), error.details())
     finally:
         channel.close()
@@ -74,7 +71,7 @@ def test_a_frozen_server_fails_the_open_stream_within_the_keepalive_bound():
     reports as PeerSilent (the fleet's reason `unreachable`)."""
     proc = subprocess.Popen([sys.executable, "-c", SERVER], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
-        port = int(proc.stdout.readline())
+        port = next(int(line.split()[1]) for line in proc.stdout if line.startswith("port "))
         channel = open_channel(f"127.0.0.1:{port}", extra_options=keepalive_options(PING_S, PING_TIMEOUT_S))
         stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""),
                                                             timeout=60)
