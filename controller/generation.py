@@ -118,10 +118,9 @@ class GenerationSide:
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
-                               version=self._rollout_version,
-                               replica=rollout.address)
+                self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
+                                               "version": self._rollout_version, "replica": rollout.address}
+                                              for seq, prompt in dispatch.members])
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:

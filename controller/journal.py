@@ -35,6 +35,7 @@ import orjson
 
 JOURNAL = "prompts.jsonl"
 STOPPED = "stopped"  # the reason of the requeue a stop writes for every prompt still live
+_LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
 
 
 class Journal:
@@ -51,11 +52,19 @@ class Journal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def record(self, event: str, **fields: Any) -> None:
-        line = orjson.dumps({"event": event, "t": round(time.time(), 3), **fields},
-                            option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS)
+        self._write(orjson.dumps({"event": event, "t": round(time.time(), 3), **fields}, option=_LINE))
+
+    def record_all(self, event: str, rows: list[dict[str, Any]]) -> None:
+        """A line per row (its fields), all in one write: a step's 2,048 `trained` lines at N = 256 were
+        2,048 writes in a row by the training thread, each giving the GIL up and waiting for it back
+        behind the stream threads (issue 44)."""
+        t = round(time.time(), 3)
+        self._write(b"".join(orjson.dumps({"event": event, "t": t, **row}, option=_LINE) for row in rows))
+
+    def _write(self, data: bytes) -> None:
         with self._lock:
-            if self._fd >= 0:
-                _write_all(self._fd, line)
+            if self._fd >= 0 and data:
+                _write_all(self._fd, data)
 
     def close(self) -> None:
         with self._lock:

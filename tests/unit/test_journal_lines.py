@@ -24,6 +24,21 @@ def test_a_recorded_line_is_in_the_file_before_record_returns(tmp_path):
     journal.close()
 
 
+def test_rows_recorded_at_once_are_a_line_each_in_order_in_the_file_when_it_returns(tmp_path):
+    journal = Journal(tmp_path)
+    journal.record("dispatched", seq=0, version=1, replica="h:1")
+    journal.record_all("trained", [{"seq": s, "step": 4, "version": 3, "generation_version": 2}
+                                   for s in range(3)])
+    journal.record_all("trained", [])  # nothing to write
+    entries = read_journal(journal.path)
+    assert [(e["event"], e["seq"]) for e in entries] == [("dispatched", 0), ("trained", 0), ("trained", 1),
+                                                         ("trained", 2)]
+    assert all(e["t"] > 0 and e.get("step", 4) == 4 for e in entries)
+    journal.close()
+    journal.record_all("trained", [{"seq": 9}])  # after close: dropped
+    assert len(read_journal(journal.path)) == 4
+
+
 def test_lines_recorded_by_many_threads_at_once_are_whole(tmp_path):
     journal = Journal(tmp_path)
 
