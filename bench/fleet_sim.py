@@ -70,9 +70,9 @@ def _journal_count(run_dir: Path, event: str) -> int:
     path = run_dir / "journal" / "prompts.jsonl"
     if not path.exists():
         return 0
-    needle = f'"event": "{event}"'
+    needles = (f'"event":"{event}"', f'"event": "{event}"')  # as the journal writes it, and did before
     with open(path) as f:
-        return sum(needle in line for line in f)
+        return sum(any(n in line for n in needles) for line in f)
 
 
 def _wait_serving(address: str, what: str, procs: list[subprocess.Popen], timeout_s: float = 120) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from rlfleet.data.prompts import Prompt
-from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
@@ -140,10 +140,10 @@ class GenerationSide:
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
-                               version=self._rollout_version,
-                               replica=rollout.address, held_s=round(held_s, 4))
+                self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
+                                               "version": self._rollout_version, "replica": rollout.address,
+                                               "held_s": round(held_s, 4)}
+                                              for seq, prompt in dispatch.members])
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:
@@ -171,8 +171,9 @@ class GenerationSide:
                     if member.joined or not member.takes_work():  # an elastic member leaves instead
                         member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
                                                                     "replica_left", exc)
-                        if member.state != LEAVING:
-                            self.fleet.remove(member, "failed")
+                        if member.state != LEAVING:  # it stopped answering (its pings), or broke
+                            silent = isinstance(exc, PeerSilent)
+                            self.fleet.remove(member, "unreachable" if silent else "failed")
                         return
                     if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
                                                         gone=member.gone.is_set):

@@ -143,6 +143,11 @@ class GRPOLoop(GenerationSide):
         if getattr(self, "journal", None) is not None:
             self.journal.record(event, **fields)
 
+    def _note_all(self, event: str, rows: list[dict[str, Any]]) -> None:
+        """A journal line per row, in one write (Journal.record_all)."""
+        if getattr(self, "journal", None) is not None:
+            self.journal.record_all(event, rows)
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -368,8 +373,8 @@ class GRPOLoop(GenerationSide):
                 with self._cond:
                     for g in groups:
                         self._live.pop(g.seq, None)
-                for g in groups:
-                    self._note("trained", seq=g.seq, step=step, version=version, generation_version=g.version)
+                self._note_all("trained", [{"seq": g.seq, "step": step, "version": version,
+                                            "generation_version": g.version} for g in groups])
                 sync_s = self.recovery.sync(result.policy_version)
                 with self._cond:
                     self._rollout_version = result.policy_version

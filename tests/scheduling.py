@@ -84,6 +84,9 @@ FILE_SECONDS = {
     "tests/service/test_checker_releases_calls.py": 10,
     "tests/unit/test_fsdp_equivalence.py": 10,
     "tests/service/test_fleet_join_checks.py": 10,
+    "tests/service/test_fleet_keepalive.py": 8,
+    "tests/unit/test_journal_lines.py": 1,
+    "tests/unit/test_convert_hot_paths.py": 1,  # 2026-12-05, alone, load ~1.4: 8.2 s
     "tests/service/test_fleet_stalls.py": 10,  # 2026-12-05, alone on a quiet 2-core machine: 9.8 s
     "tests/unit/test_learner_compile.py": 10,
     "tests/service/test_openenv.py": 9,
