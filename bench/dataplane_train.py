@@ -9,6 +9,13 @@ learner fetches each replica's groups in parallel, to Arrow (what a learner that
 Arrow needs) and on to Python lists (what today's Learner.train takes); the controller's request then
 holds ids, versions and advantages only (its bytes are counted, its conversion is not timed).
 
+The Train call's learner side (services/learner/servicer.py Train up to Learner.train), the batch fetched
+against staged: the controller's request of references is parsed, then either every group is fetched
+from the R replicas and the request filled (fetch_into), or every group was pushed beforehand to the
+learner's staging store (rlfleet/dataplane/staging.py, over Flight, converted on arrival: timed apart,
+as the pushes run while the batch is still generated) and only its lists are picked up (fill_staged);
+then validate.train and the conversion to the TrainBatch as the servicer does.
+
     python bench/dataplane_train.py --groups 512 --replicas 16 --out bench/results/x.json
 """
 from __future__ import annotations
@@ -26,14 +33,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table  # noqa: E402
+from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys  # noqa: E402
+from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
 from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
+from rlfleet.rpc import validate  # noqa: E402
 from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_from_proto,  # noqa: E402
                                  train_batch_to_proto)
-from rlfleet.types import Completion, GroupResult, TrainBatch, TrainSample  # noqa: E402
+from rlfleet.security_config import LimitsConfig  # noqa: E402
+from rlfleet.types import Completion, GroupResult, PayloadRef, TrainBatch, TrainSample  # noqa: E402
 
 N = 16
 PROMPT = 40
+VOCAB = 151_936  # Qwen2.5's
+
+
+def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: list[int]) -> dict:
+    """The learner's side of a Train call whose groups are fetched, and whose groups are staged."""
+    stores = [MemoryStore() for _ in range(replicas)]
+    servers = [PayloadServer(st) for st in stores]
+    refs = []
+    for i, (rid, ps) in enumerate(groups.items()):
+        stores[i % replicas].put(rid, ps)
+        refs += [(servers[i % replicas].address, rid, j, len(p.token_ids)) for j, p in enumerate(ps)]
+    samples = [TrainSample(prompt, [], [], 0.25, 3, payload=PayloadRef(*ref)) for ref in refs]
+    wire = train_batch_to_proto(TrainBatch(1, samples, 1.0, 3)).SerializeToString()
+    limits = LimitsConfig(max_train_samples=len(samples))
+    client = PayloadClient()
+    for server, store in zip(servers, stores):  # connected, as a learner's client is after its first step
+        client.fetch(server.address, store.held()[:1])
+
+    def learner_side(staging: StagingStore | None) -> tuple[float, TrainBatch]:
+        t = time.perf_counter()
+        request = learner_pb2.TrainRequest.FromString(wire)
+        staged = staging.staged(payload_keys(request)) if staging is not None else {}
+        fetch_into(request, client, staged)
+        validate.train(request, limits, VOCAB)
+        batch = fill_staged(train_batch_from_proto(request), staged, VOCAB)
+        return time.perf_counter() - t, batch
+
+    fetched_s, fetched = learner_side(None)
+    del fetched
+    # the pushes: each replica's groups in puts of 64 (push.py's MAX_PER_PUT) to the staging server
+    staging = PayloadServer(StagingStore(max_tokens=10**9))
+    t = time.perf_counter()
+    for server, store in zip(servers, stores):
+        held = store.held()
+        for k in range(0, len(held), 64):
+            client.put(staging.address, server.address, store.get(held[k:k + 64]))
+    put_s = time.perf_counter() - t
+    staged_s, staged = learner_side(staging.store)
+    assert len(staged.samples) == len(samples) and all(s.payload is None for s in staged.samples)
+    for server in [*servers, staging]:
+        server.shutdown()
+    return {"fetched_s": fetched_s, "staged_s": staged_s, "staging_puts_s": put_s,
+            "staged_tokens": staging.store.tokens}
 
 
 def main() -> None:
@@ -120,8 +174,10 @@ def main() -> None:
     control_bytes = len(control.SerializeToString()) + 12 * len(samples)
     for s in servers:
         s.shutdown()
+    call = train_call(groups, a.replicas, prompt)
     result = {"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
               "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
+              "train_call_learner_side": call,
               "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
                          "arrow_to_flat_numpy_s": to_numpy_s,
                          "control_request_bytes": control_bytes},

@@ -11,9 +11,11 @@ replica's RPCs in flight are aborted, its connections drop); --per-host spreads 
 several processes. Admission latency is a replica's free slot (its Generate ended) to its next
 Generate reaching it; the Train call is also measured beyond the modelled training.
 
-`--slowdown K` multiplies every modelled duration by K (decode, prefill, training, broadcast): the
+`--slowdown K` multiplies every modelled duration by K (decode, prefill, training, broadcast; the churn
+rate counts minutes of the fleet's own time unless --churn-clock wall): the
 fleet then produces 1/K of its real rate, which lets a 2-core machine carry the replicas' and the
-services' own work. The controller's CPU per group does not depend on K; its headroom does.
+services' own work. The controller's CPU per group does not depend on K where its work is per group; what
+it does per second (a heartbeat per member, before issue 44) weighs K times more per group.
 
     python bench/fleet_sim.py --replicas 32 --staleness 1 --seconds 60 --out /tmp/fleet
     python bench/fleet_sim.py --replicas 256 --staleness 1 --churn --seconds 90 --out /tmp/fleet
@@ -68,9 +70,9 @@ def _journal_count(run_dir: Path, event: str) -> int:
     path = run_dir / "journal" / "prompts.jsonl"
     if not path.exists():
         return 0
-    needle = f'"event": "{event}"'
+    needles = (f'"event":"{event}"', f'"event": "{event}"')  # as the journal writes it, and did before
     with open(path) as f:
-        return sum(needle in line for line in f)
+        return sum(any(n in line for n in needles) for line in f)
 
 
 def _wait_serving(address: str, what: str, procs: list[subprocess.Popen], timeout_s: float = 120) -> None:
@@ -217,7 +219,11 @@ class Sim:
                                         str(self.out / "profile.txt"), "--nonblocking"],
                                        stdout=subprocess.DEVNULL,
                                        stderr=open(self.out / "logs" / "pyspy.err", "w"))  # noqa: SIM115
-        churn_every = 60.0 / (a.churn_per_min * a.replicas) if a.churn else float("inf")
+        # --churn-per-min is a fraction of the fleet a minute of the fleet's own time (the issue's "10 % a
+        # minute"): under the time dilation K a wall-clock minute is 1/K of one (--churn-clock wall: K times
+        # harsher, the figures before 2026-12-05's second session)
+        per_wall_min = a.churn_per_min / (self.slowdown if a.churn_clock == "fleet" else 1.0)
+        churn_every = 60.0 / (per_wall_min * a.replicas) if a.churn else float("inf")
         next_churn, kill_next = t0 + churn_every / 2, True
         paused = False
         while time.time() < t0 + a.seconds:
@@ -270,6 +276,7 @@ class Sim:
         result = analyse(self.out, self.run_dir, window, cpu, rss, self.ideal, a.staleness, pause=pause)
         result.update(watch=self.args.watch, data_plane=self.args.data_plane, replicas=self.args.replicas,
                       staleness=self.args.staleness, churn=self.args.churn,
+                      churn_per_min=self.args.churn_per_min, churn_clock=self.args.churn_clock,
                       slowdown=self.slowdown, batch=self.batch,
                       prompts_per_request=self.args.prompts_per_request,
                       ideal_per_replica_real=self.ideal_real, per_host=self.args.per_host,
@@ -308,6 +315,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kill and join replicas, one replica 5x slower, learner paused --pause-s")
     p.add_argument("--churn-per-min", type=float, default=0.10,
                    help="fraction of N killed (and joined) a minute")
+    p.add_argument("--churn-clock", choices=["fleet", "wall"], default="fleet",
+                   help="whose minute --churn-per-min counts: the fleet's (dilated by K) or the wall clock's")
     p.add_argument("--pause-at", type=float, default=20.0)
     p.add_argument("--pause-s", type=float, default=30.0)
     p.add_argument("--watch", action="store_true",

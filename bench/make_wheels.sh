@@ -13,6 +13,7 @@ pkgs=(
   gguf
   liger-kernel==0.8.5  # learner.fused_kernels (Triton kernels; the image has triton)
   cryptography cffi pycparser  # the weight group's sealed rendezvous (AES-GCM); may already be in the image
+  orjson  # the controller's prompt journal; may already be in the image
   trl==1.16.0 datasets dill multiprocess  # the TRL arm of bench/e2e_grpo.py and the GSM8K comparison
 )
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -75,6 +75,10 @@
 #   "qwen-wait RUN SECONDS"  waits for RUN to end or SECONDS to pass, prints its steps and evaluations so far;
 #                $OUT/metrics-RUN.jsonl, RUN-val.tgz (samples/val.jsonl, the logs, the profile traces)
 #   "bench ..."  any python bench/... command line
+#   "fleet-sim TAG [src=TGZ] ARGS..."  starts bench/fleet_sim.py ARGS (issue 44: the controller at fleet scale, on
+#                this machine's CPU cores) in the background, its output under $work/fleet/TAG; src=TGZ runs the
+#                code of a carried `git archive` (e.g. the commit before a change) instead of the working tree
+#   "fleet-wait SECONDS"  waits for the started simulator runs to end (SECONDS at most): $OUT/fleet-TAG.json each
 # .carry/: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf.part` (halves in p0/ and p1/) and GSM8K's
 # train.jsonl/test.jsonl in data/ (4.9 MB, or gzipped .jsonl.gz, 1.9 MB); .whl/ and .whl-rg/ (reasoning-gym,
 # ~11 MB): bench/make_wheels.sh.
@@ -448,6 +452,45 @@ for l in open(sys.argv[1]):
     $(cd "$work" && ls -d "$run-prof" 2>/dev/null) 2>/dev/null
 }
 
+fleet_sim() {  # TAG [src=TGZ] ARGS...: one bench/fleet_sim.py run in the background
+  local tag=$1 code=$PWD
+  shift
+  if [ "${1:-}" != "${1#src=}" ]; then
+    code=$work/src-$(basename "${1#src=}" .tgz)
+    [ -d "$code" ] || { mkdir -p "$code" && tar xzf "${1#src=}" -C "$code"; } || return 1
+    shift
+  fi
+  # the simulator's children get PYTHONPATH=<its tree> alone: the carried wheels go on every path by a .pth
+  [ "$cpu" = 1 ] || echo /tmp/site > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/rlfleet-site.pth"
+  mkdir -p "$work/fleet"
+  (cd "$code" && setsid "$py" bench/fleet_sim.py "$@" --out "$work/fleet/$tag" > "$work/fleet/$tag.log" 2>&1 &
+   echo $! > "$work/fleet/$tag.pid")
+  echo "$tag: started from $code"
+}
+
+fleet_wait() {  # SECONDS: the started simulator runs, each result as $OUT/fleet-TAG.json
+  local until=$((SECONDS + $1)) f tag running=1
+  while [ $running = 1 ] && [ $SECONDS -lt $until ] && [ "$(left 15)" -gt 1 ]; do
+    running=0
+    for f in "$work"/fleet/*.pid; do kill -0 "$(cat "$f")" 2>/dev/null && running=1; done
+    [ $running = 0 ] || sleep 5
+  done
+  for f in "$work"/fleet/*.pid; do
+    tag=$(basename "$f" .pid)
+    if kill -0 "$(cat "$f")" 2>/dev/null; then echo "$tag: still running"; continue; fi
+    local result
+    result=$(ls "$work/fleet/$tag"/*/result.json 2>/dev/null | head -1)
+    if [ -n "$result" ]; then  # analysed again by this tree's bench/fleetsim/measure.py (a src= run's is older)
+      "$py" -m bench.fleetsim.measure "$(dirname "$result")" > /dev/null || echo "$tag: not analysed again"
+      cp "$result" "$out/fleet-$tag.json"
+      "$py" -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k in ('fraction_of_ideal', 'fraction_of_ideal_outside_pause', 'groups_per_s', 'ideal_groups_per_s', 'controller_cpu_ms_per_group', 'admission_ms_p99', 'admission_ms_p99_outside_pause', 'train_call_beyond_modelled_s_p50', 'reform_s_max', 'requeued', 'lost', 'invariant_errors', 'slowdown', 'commit')})" "$result" "$tag"
+    else
+      echo "$tag: no result"; tail -5 "$work/fleet/$tag.log"
+    fi
+    mv "$f" "$f.done"
+  done
+}
+
 phase() {
   local t0=$SECONDS k
   echo "=== $* ($(date +%T))"
@@ -572,6 +615,8 @@ phase() {
     qwen-eval) qwen_eval "$2" ;;
     qwen-run) qwen_run "${@:2}" ;;
     qwen-wait) qwen_wait "$2" "$3" ;;
+    fleet-sim) fleet_sim "${@:2}" ;;
+    fleet-wait) fleet_wait "$2" ;;
     bench) shift; timeout 300 python3 "$@" 2>&1 | quiet | tail -15 ;;
     *) echo "unknown phase $1" ;;
   esac

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
 
 from controller.reward_tally import RewardTally
 from rlfleet import types as t
-from rlfleet.errors import Busy, RlfleetError, ServiceUnavailable, WeightSyncError
+from rlfleet.errors import Busy, PeerSilent, RlfleetError, ServiceUnavailable, WeightSyncError
 from rlfleet.proto.v1 import (
     common_pb2,
     learner_pb2,
@@ -24,17 +26,22 @@ from rlfleet.proto.v1 import (
 )
 from rlfleet.rpc import convert
 from rlfleet.rpc.call_release import release_call
-from rlfleet.rpc.channel import REPORT_EVERY_S, wait_until_serving
+from rlfleet.rpc.channel import REPORT_EVERY_S, keepalive_options, wait_until_serving
 from rlfleet.rpc.security import Security
 
 ABORT_TIMEOUT_S = 10.0  # AbortWeightGroup: the learner answers at once (it waits for nothing)
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+# How grpc words a call failed by an unanswered keepalive ping (1.85: "Stream removed (ping timeout)";
+# older releases: "keepalive watchdog timeout")
+_SILENT_WORDS = ("ping timeout", "keepalive watchdog timeout")
 
 
 def _translate(role: str, address: str, rpc: str, err: grpc.RpcError) -> RlfleetError:
     code = err.code() if hasattr(err, "code") else None
     detail = err.details() if hasattr(err, "details") else str(err)
     message = f"{role} service at {address}: {rpc} failed with {code.name if code else '?'}: {detail}"
+    if code == grpc.StatusCode.UNAVAILABLE and any(words in (detail or "") for words in _SILENT_WORDS):
+        return PeerSilent(message)
     if code in _UNREACHABLE:
         return ServiceUnavailable(message)
     if code == grpc.StatusCode.ABORTED:
@@ -86,14 +93,20 @@ class _Client:
     role = ""
 
     def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True,
-                 security: Security | None = None, report_every_s: float | None = REPORT_EVERY_S):
+                 security: Security | None = None, report_every_s: float | None = REPORT_EVERY_S,
+                 keepalive: bool = False):
         """`security`: the job's TLS and bearer token (None: plain gRPC); `report_every_s`: how often the
-        wait for the service says so (None: never, for a short check whose failure is reported anyway)."""
+        wait for the service says so (None: never, for a short check whose failure is reported anyway);
+        `keepalive`: the channel pings the service while a call is open (rlfleet.rpc.channel
+        keepalive_options), so a call to a service that stops answering fails (PeerSilent) within
+        KEEPALIVE_S + KEEPALIVE_TIMEOUT_S rather than at its deadline."""
         self.address = address
         self.timeout_s = timeout_s
         self.closed = False
+        self.keepalive = keepalive
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
-                                          report_every_s=report_every_s if report_every_s else float("inf"))
+                                          report_every_s=report_every_s if report_every_s else float("inf"),
+                                          extra_options=keepalive_options() if keepalive else None)
 
     @_rpc
     def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
@@ -111,12 +124,28 @@ class RolloutClient(_Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self.streams = 0  # Generate streams open now (on a kept-alive channel, each watches the replica)
+        self.answered = 0.0  # time.monotonic() when a Generate stream last brought a group or ended OK
+        self._counting = threading.Lock()
 
-    def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams) -> Iterator[t.GroupResult]:
+    def _streaming(self, delta: int) -> None:
+        with self._counting:
+            self.streams += delta
+
+    def generate(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
+                 payload_sink: str = "") -> Iterator[t.GroupResult]:
+        """`payload_sink`: data_plane=flight, the learner's staging store the replica pushes groups to."""
         with _rpc_errors(self, "Generate"):
-            for msg in self._stub.Generate(convert.generate_request_to_proto(prompts, params),
-                                           timeout=self.timeout_s):
-                yield convert.group_from_proto(msg)
+            stream = self._stub.Generate(convert.generate_request_to_proto(prompts, params, payload_sink),
+                                         timeout=self.timeout_s)
+            self._streaming(+1)
+            try:
+                for msg in stream:
+                    self.answered = time.monotonic()
+                    yield convert.group_from_proto(msg)
+                self.answered = time.monotonic()
+            finally:
+                self._streaming(-1)
 
     @_rpc
     def join_weight_group(self, address: str, rank: int, world_size: int, backend: str,

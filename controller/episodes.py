@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 
-from controller.groups import score_items
+from controller.groups import item_id, score_item
 from rlfleet.env.toolcalls import malformed_tool_calls
 from rlfleet.data.prompts import Prompt
 from rlfleet.env.types import FAILURE_CAUSES, UNAVAILABLE
@@ -27,15 +26,15 @@ def split_group(prompt: Prompt, completions: list[Completion],
     told of a single-turn response, with the final turn as the response)."""
     results: list[ScoreResult | None] = []
     to_score: list[ScoreItem] = []
-    for c, item in zip(completions, score_items(prompt, completions, request_id)):
+    for i, c in enumerate(completions):
         if c.failed:
-            results.append(ScoreResult(item.id, 0.0, ok=False,
+            results.append(ScoreResult(item_id(request_id, i), 0.0, ok=False,
                                        error=f"environment: {c.env_failure}: {c.env_error}"))
         elif c.env_reward is not None:
-            results.append(ScoreResult(item.id, float(c.env_reward)))
+            results.append(ScoreResult(item_id(request_id, i), float(c.env_reward)))
         else:
             results.append(None)
-            to_score.append(replace(item, response=c.final_text))
+            to_score.append(score_item(prompt, c, item_id(request_id, i), response=c.final_text))
     return results, to_score
 
 

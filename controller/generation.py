@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from rlfleet.data.prompts import Prompt
-from rlfleet.errors import RlfleetError, ServiceUnavailable
+from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
 from rlfleet.types import Completion, PromptRequest
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
@@ -38,6 +38,23 @@ class ScoredGroupInput:
     replica: str
 
 
+class StampedCondition(threading.Condition):
+    """A condition that remembers when it was last notified: a generation thread held back by the gate
+    counts its wait up to the notify that let it through, not up to its own wake-up, which is the
+    controller's latency (a thread waiting for the GIL among hundreds)."""
+
+    notified_at = 0.0
+
+    def notify_all(self) -> None:
+        self.notified_at = time.perf_counter()
+        super().notify_all()
+
+    def held_since(self, began: float) -> float:
+        """Seconds of a wait that began at `began` and just returned during which admission was held."""
+        woke = time.perf_counter()
+        return (self.notified_at if began <= self.notified_at <= woke else woke) - began
+
+
 class Leaving(Exception):
     """A member's generation thread ends: the member is leaving or left the fleet."""
 
@@ -50,9 +67,12 @@ class GenerationSide:
     work when the member is free, streams its groups to the scoring threads, and hands its
     prompts back when the member fails or leaves. State lives on the loop."""
 
-    def _admit(self, member: Member) -> Dispatch:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request.
+    def _admit(self, member: Member) -> tuple[Dispatch, float]:
+        """Blocks until the gate admits work (or a re-queued request waits); returns the request and
+        the seconds it was held back (the staleness gate, a pause for an outage or a resync): the
+        rest of a free slot's wait is the controller's own admission latency (bench/fleetsim/measure.py).
         Leaving when `member` takes no more work."""
+        held = 0.0
         with self._cond:
             while not self.stop.is_set():
                 if not member.takes_work():
@@ -60,7 +80,7 @@ class GenerationSide:
                 paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
                           or (self.env_outage is not None and self.env_outage.blocked()))
                 if self._requeue and not paused and self._env_admits():
-                    return self._requeue.popleft()  # already admitted; its slots are counted
+                    return self._requeue.popleft(), held  # already admitted; its slots are counted
                 limit = self.gate.admission_limit(self._rollout_version)
                 if self._admitted < limit and not paused and self._env_admits():
                     count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
@@ -70,8 +90,10 @@ class GenerationSide:
                         dispatch.members.append((self._seq, self.source.next()))
                         self._live[self._seq] = dispatch
                         self._seq += 1
-                    return dispatch
+                    return dispatch, held
+                began = time.perf_counter()
                 self._cond.wait(0.5)
+                held += self._cond.held_since(began)
         raise Stopped("stopping")
 
     def _env_admits(self) -> bool:
@@ -113,19 +135,19 @@ class GenerationSide:
         delay = RETRY_FIRST_S  # the wait after a stream that brought nothing back (_short_stream)
         try:
             while not self.stop.is_set():
-                dispatch = self._admit(member)
+                dispatch, held_s = self._admit(member)
                 prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                for seq, prompt in dispatch.members:
-                    self._note("dispatched", seq=seq, prompt_index=prompt.index,
-                               version=self._rollout_version,
-                               replica=rollout.address)
+                self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
+                                               "version": self._rollout_version, "replica": rollout.address,
+                                               "held_s": round(held_s, 4)}
+                                              for seq, prompt in dispatch.members])
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:
-                    for group in rollout.generate(requests, params):
+                    for group in rollout.generate(requests, params, self.payload_sink):
                         seq, prompt = pending.pop(group.request_id)
                         self.fleet.heard_from(member)
                         member.groups += 1
@@ -149,8 +171,9 @@ class GenerationSide:
                     if member.joined or not member.takes_work():  # an elastic member leaves instead
                         member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
                                                                     "replica_left", exc)
-                        if member.state != LEAVING:
-                            self.fleet.remove(member, "failed")
+                        if member.state != LEAVING:  # it stopped answering (its pings), or broke
+                            silent = isinstance(exc, PeerSilent)
+                            self.fleet.remove(member, "unreachable" if silent else "failed")
                         return
                     if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
                                                         gone=member.gone.is_set):

@@ -55,7 +55,16 @@ def context_prompt(prompt_ids: list[int], c: Completion) -> list[int]:
 
 
 def score_items(prompt: Prompt, completions: list[Completion], request_id: str) -> list[ScoreItem]:
-    return [ScoreItem(id=f"{request_id}/{i}", data_source=prompt.data_source, prompt=prompt.text,
-                      response=c.text, ground_truth=prompt.ground_truth, extra_info=prompt.extra_info,
-                      finish_reason=c.finish_reason)
-            for i, c in enumerate(completions)]
+    return [score_item(prompt, c, item_id(request_id, i)) for i, c in enumerate(completions)]
+
+
+def item_id(request_id: str, index: int) -> str:
+    """A completion's id in a Score request: its group's request id and its index in the group."""
+    return f"{request_id}/{index}"
+
+
+def score_item(prompt: Prompt, c: Completion, item: str, response: str | None = None) -> ScoreItem:
+    """What the reward service is told of `c`: its text, or `response` (an episode's final turn)."""
+    return ScoreItem(id=item, data_source=prompt.data_source, prompt=prompt.text,
+                     response=c.text if response is None else response, ground_truth=prompt.ground_truth,
+                     extra_info=prompt.extra_info, finish_reason=c.finish_reason)

@@ -23,6 +23,7 @@ replicas left the run and did not join again.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -30,27 +31,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 JOURNAL = "prompts.jsonl"
 STOPPED = "stopped"  # the reason of the requeue a stop writes for every prompt still live
+_LINE = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
 
 
 class Journal:
+    """Each line reaches the file (the OS) before `record` returns, as one write of the whole line to a
+    file opened for appending: a crash of the controller loses no line it recorded and cuts none.
+    Encoded by orjson (compact: `{"event":"trained",...}`), ~2.5x cheaper than json.dumps through a
+    line-buffered text file; it records 4 lines a group (issue 44)."""
+
     def __init__(self, run_dir: Path):
         folder = run_dir / "journal"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / JOURNAL
-        self._lock = threading.Lock()
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+        self._lock = threading.Lock()  # a write against close(): never a line into a reused descriptor
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def record(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, "t": round(time.time(), 3), **fields})
+        self._write(orjson.dumps({"event": event, "t": round(time.time(), 3), **fields}, option=_LINE))
+
+    def record_all(self, event: str, rows: list[dict[str, Any]]) -> None:
+        """A line per row (its fields), all in one write: a step's 2,048 `trained` lines at N = 256 were
+        2,048 writes in a row by the training thread, each giving the GIL up and waiting for it back
+        behind the stream threads (issue 44)."""
+        t = round(time.time(), 3)
+        self._write(b"".join(orjson.dumps({"event": event, "t": t, **row}, option=_LINE) for row in rows))
+
+    def _write(self, data: bytes) -> None:
         with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")
+            if self._fd >= 0 and data:
+                _write_all(self._fd, data)
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 @dataclass
@@ -164,6 +190,10 @@ def audit(path: Path) -> Audit:
     return result
 
 
+# A membership line, as Journal writes it (compact) and as journals written before issue 44 have it
+_MEMBERSHIP_WORDS = ('"event":"left"', '"event":"join', '"event": "left"', '"event": "join')
+
+
 def departed_replicas(path: Path) -> dict[str, str]:
     """Replicas whose last membership event is `left` (address -> reason): out of the run, unless they
     joined again. {} when there is no journal."""
@@ -174,7 +204,7 @@ def departed_replicas(path: Path) -> dict[str, str]:
         return departed
     with lines:
         for line in lines:
-            if '"event": "left"' not in line and '"event": "join' not in line:
+            if not any(words in line for words in _MEMBERSHIP_WORDS):
                 continue  # most lines are about prompts: not parsed
             try:
                 ev = json.loads(line)

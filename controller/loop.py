@@ -31,7 +31,7 @@ from controller.env_outage import EnvOutage
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
-from controller.generation import GenerationSide, ScoredGroupInput
+from controller.generation import GenerationSide, ScoredGroupInput, StampedCondition
 from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
@@ -83,7 +83,7 @@ class GRPOLoop(GenerationSide):
         self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
                                cfg.learner.verify_weights)
         lock = threading.RLock()
-        self._cond = threading.Condition(lock)
+        self._cond = StampedCondition(lock)
         # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
         # of them, not every generation thread waiting for admission (N wake-ups per group, ~10 % of
         # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).
@@ -101,7 +101,10 @@ class GRPOLoop(GenerationSide):
         self._requeue: deque[Dispatch] = deque()  # dispatched again before new prompts
         self._seeded = cfg.controller.max_staleness == 0  # synchronous runs sample reproducibly
         self.recovery = Recovery(self, cfg.controller.service_wait_s, cfg.reward.max_outage_s)
-        self.releaser = payload_releaser(cfg)  # data_plane=flight: dropped groups leave their replicas
+        # data_plane=flight: the learner's staging store, where replicas push groups (refreshed whenever
+        # the learner's version is checked: a restarted learner stages at another port)
+        self.payload_sink = ""
+        self.releaser = payload_releaser(cfg, lambda: self.payload_sink)  # dropped groups: replicas, sink
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
         self._scoring = 0  # groups being scored now
@@ -139,6 +142,11 @@ class GRPOLoop(GenerationSide):
     def _note(self, event: str, **fields: Any) -> None:
         if getattr(self, "journal", None) is not None:
             self.journal.record(event, **fields)
+
+    def _note_all(self, event: str, rows: list[dict[str, Any]]) -> None:
+        """A journal line per row, in one write (Journal.record_all)."""
+        if getattr(self, "journal", None) is not None:
+            self.journal.record_all(event, rows)
 
     def _wake(self) -> None:
         with self._cond:
@@ -316,6 +324,8 @@ class GRPOLoop(GenerationSide):
 
     def run(self) -> dict[str, Any]:
         cc = self.cfg.controller
+        if self.releaser is not None:
+            self.payload_sink = self.learner.status().payload_sink
         if self.fleet.members():
             # The group is formed over these members and only they are committed: a replica accepted
             # meanwhile stays joining, and the next boundary re-forms the group with it.
@@ -363,8 +373,8 @@ class GRPOLoop(GenerationSide):
                 with self._cond:
                     for g in groups:
                         self._live.pop(g.seq, None)
-                for g in groups:
-                    self._note("trained", seq=g.seq, step=step, version=version, generation_version=g.version)
+                self._note_all("trained", [{"seq": g.seq, "step": step, "version": version,
+                                            "generation_version": g.version} for g in groups])
                 sync_s = self.recovery.sync(result.policy_version)
                 with self._cond:
                     self._rollout_version = result.policy_version
@@ -465,14 +475,14 @@ class GRPOLoop(GenerationSide):
 RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
 
 
-def payload_releaser(cfg: JobConfig) -> PayloadReleaser | None:
+def payload_releaser(cfg: JobConfig, sink: Callable[[], str]) -> PayloadReleaser | None:
     if cfg.controller.data_plane != "flight":
         return None
     from rlfleet.dataplane.flight import PayloadClient
     from rlfleet.rpc.security import Security
 
     return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
-                                         timeout_s=RELEASE_TIMEOUT_S))
+                                         timeout_s=RELEASE_TIMEOUT_S), sink)
 
 
 def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:

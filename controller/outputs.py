@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from controller.tensorboard_convert import ScalarEvents
 
 
@@ -20,7 +22,7 @@ class RunWriter:
         for sub in ("samples", "checkpoints", "logs", "tensorboard"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         self._metrics = open(run_dir / "metrics.jsonl", "a", buffering=1)
-        self._samples = open(run_dir / "samples" / "train.jsonl", "a", buffering=1)
+        self._samples = open(run_dir / "samples" / "train.jsonl", "ab")  # noqa: SIM115 - open for the run
         self._tb = ScalarEvents(run_dir / "tensorboard") if tensorboard else None
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
@@ -43,8 +45,12 @@ class RunWriter:
             self._tb.flush()
 
     def log_samples(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            self._samples.write(json.dumps(record) + "\n")
+        """One line a record, all in the file (the OS) when it returns; orjson's compact lines in one
+        write: 16 records (a group) cost ~8 us, against ~69 us as json.dumps a line through a
+        line-buffered text file (issue 44). A non-finite float is written null."""
+        lines = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+        self._samples.write(b"".join(orjson.dumps(r, option=lines) for r in records))
+        self._samples.flush()
 
     def close(self) -> None:
         self._metrics.close()

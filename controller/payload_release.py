@@ -1,14 +1,17 @@
 """controller.data_plane=flight: groups the controller drops (stale, filtered, unusable) are never
-fetched by the learner, so their replicas are told to forget them, off the training thread (issue 44).
-A replica gone took them along: nothing to do then."""
+fetched by the learner, so their replicas, and the learner's staging store they were pushed to, are
+told to forget them, off the training thread (issue 44). A replica gone took them along: nothing to do
+then."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
 from rlfleet.dataplane.flight import PayloadClient
+from rlfleet.dataplane.staging import staged_key
 from rlfleet.errors import RlfleetError
 from controller.groups import ScoredGroup
 
@@ -16,8 +19,9 @@ log = structlog.get_logger(__name__)
 
 
 class PayloadReleaser:
-    def __init__(self, client: PayloadClient):
-        self._client = client
+    def __init__(self, client: PayloadClient, sink: Callable[[], str] = lambda: ""):
+        """`sink`: the learner's staging store now (empty: none)."""
+        self._client, self._sink = client, sink
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="payload-release")
 
     def release(self, group: ScoredGroup) -> None:
@@ -27,6 +31,10 @@ class PayloadReleaser:
                 held[c.payload.address].add(c.payload.request_id)
         for address, ids in held.items():
             self._pool.submit(self._release, address, sorted(ids))
+        sink = self._sink()
+        if sink and held:
+            keys = sorted(staged_key(address, rid) for address, ids in held.items() for rid in ids)
+            self._pool.submit(self._release, sink, keys)
 
     def _release(self, address: str, ids: list[str]) -> None:
         try:

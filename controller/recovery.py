@@ -273,6 +273,7 @@ class Recovery:
         status = self.loop.learner.status()
         if not status.ready:
             raise ServiceUnavailable(f"learner at {self.loop.learner.address} is still loading")
+        self.loop.payload_sink = status.payload_sink  # data_plane=flight: a restarted learner's new one
         have = status.policy_version
         if have == version:
             return

@@ -229,8 +229,10 @@ class ControllerConfig(Section):
     data_plane: Literal["inline", "flight"] = Field(
         "inline", description="how token ids and log-probs reach the learner: inline, through the "
         "controller on the Generate stream and in the Train request; flight, held by each rollout replica "
-        "on an Arrow Flight server (rlfleet/dataplane) and fetched by the learner, the controller seeing "
-        "ids, lengths, versions and rewards only (issue 44; not yet the default: docs/performance.md, "
+        "on an Arrow Flight server (rlfleet/dataplane), pushed to the learner's staging store as each group "
+        "is generated (learner.staging_max_tokens) and fetched by the learner where not staged, the "
+        "controller seeing ids, lengths, versions and rewards only (issue 44; not yet the default: "
+        "docs/performance.md, "
         "'The data plane', says what is left)")
     rpc_timeout_s: float = Field(600.0, gt=0.0, description="deadline of one Generate/Score/Train call")
     connect_timeout_s: float = Field(120.0, gt=0.0, description="how long to wait for services to be ready")

@@ -56,6 +56,11 @@ class ServiceUnavailable(RlfleetError, ConnectionError):
     grpc_code = "UNAVAILABLE"
 
 
+class PeerSilent(ServiceUnavailable):
+    """A peer stopped answering while a call was open: its connection's keepalive pings went unanswered
+    (a frozen process, a partitioned host), as opposed to a connection that broke."""
+
+
 class WeightSyncError(RlfleetError, RuntimeError):
     """A weight transfer failed, timed out or was aborted."""
 

@@ -192,3 +192,4 @@ class ServiceStatus:
     stats: dict[str, float] = field(default_factory=dict)
     metrics_port: int = 0
     placement: str = ""  # a rollout's: rlfleet.devices.placement()
+    payload_sink: str = ""  # a learner's on the data plane: its staging Flight server (host:port)

@@ -109,16 +109,25 @@ def main() -> None:
     config, out_dir, tokens_per_s = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
     cfg = load_config(config)
     gpu = GpuModel(**json.loads(os.environ.get(GPU_ENV) or "{}"))
-    payloads = None
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits)
+    staging = None
     if cfg.controller.data_plane == "flight":  # as `rlfleet serve learner` does
+        from rlfleet.app.serve import serve_staging
         from rlfleet.dataplane.flight import PayloadClient
         from rlfleet.rpc.security import Security
 
-        payloads = PayloadClient(Security.from_config(cfg.security, cfg.limits),
-                                 timeout_s=cfg.controller.rpc_timeout_s)
-    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, payloads=payloads)
-    run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                servicer, lambda: servicer.attach(SimLearner(gpu, tokens_per_s, out_dir)), uses_torch=False)
+        security = Security.from_config(cfg.security, cfg.limits)
+        servicer.payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
+        if cfg.learner.staging_max_tokens:
+            staging, servicer.payload_sink = serve_staging(cfg, security)
+            servicer.staging = staging.store
+    try:
+        run_service("learner", cfg, cfg.learner, [SERVICE_NAME],
+                    learner_pb2_grpc.add_LearnerServicer_to_server, servicer,
+                    lambda: servicer.attach(SimLearner(gpu, tokens_per_s, out_dir)), uses_torch=False)
+    finally:
+        if staging is not None:
+            staging.shutdown()
 
 
 if __name__ == "__main__":

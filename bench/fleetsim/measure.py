@@ -23,6 +23,11 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+def outside_seconds(start: float, end: float, pause: tuple[float, float] | None) -> float:
+    """Seconds of [start, end] outside the pause window (all of them without a pause)."""
+    return end - start - (_overlap(start, end, *pause) if pause else 0.0)
+
+
 def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[float, float],
             rss_mb: list[float], ideal_per_replica: float, staleness: int,
             samples_per_group: int = 16, pause: tuple[float, float] | None = None) -> dict:
@@ -56,10 +61,14 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     gaps = [(a[1], b[0]) for r in replicas
             for a, b in zip(sorted(r["busy"]), sorted(r["busy"])[1:]) if t0 <= a[1] <= t1]
     admission = [b - a for a, b in gaps]
+    # The controller's own part of it: the gap less the time its gate held the request back (the
+    # journal's `held_s`, up to the notify that let it through), i.e. a free slot the gate allows to
+    # fill, to the prompt dispatched to it.
+    own = controller_admission(replicas, events, t0, t1)
     p0, p1 = pause or (0.0, 0.0)
     admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]
     # Idle: a replica's time in the window, alive and in the fleet, with no Generate running.
-    idle, alive_total, ideal = [], 0.0, 0.0
+    idle, alive_total, ideal, ideal_outside = [], 0.0, 0.0, 0.0
     for r in replicas:
         start, end = max(r["started"], t0), min(r["ended"] or t1, t1)
         if end - start < 1.0:
@@ -68,6 +77,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         idle.append(1 - busy / (end - start))
         alive_total += end - start
         ideal += (end - start) * ideal_per_replica / r["factor"]
+        ideal_outside += outside_seconds(start, end, pause) * ideal_per_replica / r["factor"]
     # Through the controller: groups scored (into the buffer) in the window, which flows evenly; the
     # trained rate comes in bursts of a batch, so it is taken over the whole steps in the window.
     # A straggler's groups: trained (in a later batch, within the bound) or dropped as stale; the
@@ -79,6 +89,7 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     straggler = {"replicas": len(slow), "groups": len(slow_seqs), "trained": len(slow_seqs & trained_seqs),
                  "dropped": len(slow_seqs & dropped_seqs)} if slow else {}
     groups = sum(t0 <= t <= t1 for t in scored.values())
+    groups_outside = sum(t0 <= t <= t1 and not (pause and pause[0] <= t <= pause[1]) for t in scored.values())
     span = t1 - t0
     done = sorted(s["done"] for s in steps if t0 <= s["done"] <= t1)
     batch_groups = steps[-1]["samples"] / samples_per_group if steps else 0
@@ -99,6 +110,9 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "trained_groups_per_s": trained_rate, "steps_in_window": len(done),
         "reforms_in_window": sum(e["event"] == "weight_group_rebuilt" and t0 <= e["t"] <= t1 for e in events),
         "ideal_groups_per_s": ideal / span, "fraction_of_ideal": groups / ideal if ideal else float("nan"),
+        # the learner's pause holds every slot at S = 1 by design (the staleness gate): the fleet's rate
+        # with the pause taken out of the window (its groups and its replica-seconds alike)
+        "fraction_of_ideal_outside_pause": groups_outside / ideal_outside if ideal_outside else float("nan"),
         "controller_cpu_s": cpu[1] - cpu[0],
         "controller_cpu_ms_per_group": 1000 * (cpu[1] - cpu[0]) / max(1, groups),
         "controller_cpu_share": (cpu[1] - cpu[0]) / span,
@@ -113,6 +127,8 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "admission_ms_p99": 1000 * percentile(admission, 99),
         "admission_ms_p99_outside_pause": 1000 * percentile(admission_outside, 99),
         "admission_count": len(admission), "pause_window": list(pause) if pause else None,
+        "controller_admission_ms_p50": 1000 * percentile(own, 50),
+        "controller_admission_ms_p99": 1000 * percentile(own, 99), "controller_admission_count": len(own),
         "train_call_beyond_modelled_s_p50": percentile(train_extra, 50),
         "train_call_beyond_modelled_s_max": max(train_extra) if train_extra else float("nan"),
         "to_batch_ms_p50": 1000 * percentile(to_batch, 50),
@@ -137,6 +153,28 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "joined_late": sum(r["started"] > t0 for r in replicas),
         **membership(events, t0, t1),
     }
+
+
+def controller_admission(replicas: list[dict], events: list[dict], t0: float, t1: float) -> list[float]:
+    """For each replica's gap between two Generates (the first ending in [t0, t1]): the gap less the
+    `held_s` of the dispatch that started the second (the journal's last `dispatched` of its first
+    group before it began). Gaps whose dispatch carries no `held_s` (code before it) are left out."""
+    dispatched: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        if e["event"] == "dispatched" and "held_s" in e:
+            dispatched.setdefault(e["seq"], []).append((e["t"], e["held_s"]))
+    own = []
+    for r in replicas:
+        busy = sorted(r["busy"])
+        sent = sorted((when, seq) for seq, _due, when, _v in r["sent"])
+        for a, b in zip(busy, busy[1:]):
+            if not t0 <= a[1] <= t1:
+                continue
+            first = next((seq for when, seq in sent if b[0] <= when <= b[1]), None)
+            held = [h for t, h in dispatched.get(first, []) if t <= b[0] + 0.01]
+            if held:
+                own.append(max(0.0, b[0] - a[1] - held[-1]))
+    return own
 
 
 def max_in_flight_bound(generation_s_max: float) -> float:

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlfleet.config import load_config
-from rlfleet.dataplane.flight import PayloadServer
+from rlfleet.dataplane.flight import PayloadClient, PayloadServer
+from rlfleet.dataplane.push import PayloadPusher
 from rlfleet.dataplane.store import MemoryStore
 from rlfleet.extensions import ROLLOUT_ENGINES
 from rlfleet.models.resolve import resolve_model_path
@@ -49,6 +50,9 @@ class Replica:
         if cfg.controller.data_plane == "flight":  # as `rlfleet serve rollout` does: its own Flight server
             self.payload_server = PayloadServer(MemoryStore(), "127.0.0.1", 0, security)
             self.servicer.payloads = (self.payload_server.store, self.payload_server.address)
+            store, address = self.servicer.payloads
+            pushes = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)  # to the learner's
+            self.servicer.pusher = PayloadPusher(store, address, pushes)
         self.server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=4, security=security)
         self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server, self.servicer)
         self.server.start()
@@ -73,6 +77,7 @@ class Replica:
     def _stop_payloads(self) -> None:
         """The groups it held go with it (a crash loses them; a learner's fetch then fails)."""
         if self.payload_server is not None:
+            self.servicer.pusher.close(wait=False)  # what it had not pushed yet goes with it too
             self.payload_server.shutdown()
             self.payload_server = None
 

@@ -30,12 +30,15 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
     servicer = RolloutServicer(limits=cfg.limits, weight_token=security.token)
     payload_server = None
     if cfg.controller.data_plane == "flight":  # this replica holds its groups' tokens for the learner
-        from rlfleet.dataplane.flight import PayloadServer
+        from rlfleet.dataplane.flight import PayloadClient, PayloadServer
+        from rlfleet.dataplane.push import PayloadPusher
         from rlfleet.dataplane.store import MemoryStore
 
         payload_server = PayloadServer(MemoryStore(), cfg.rollout.host, 0, security)
         address = data_plane_address(cfg.rollout.host, payload_server.port, advertise, join)
         servicer.payloads = (payload_server.store, address)
+        servicer.pusher = PayloadPusher(payload_server.store, address,  # to the learner's staging store
+                                        PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s))
 
     def load() -> None:
         from rlfleet.devices import keep_triton_out, resolve_device, resolve_dtype
@@ -61,6 +64,7 @@ def serve_rollout(cfg: JobConfig, name: str = "rollout", index: int = 0, join: s
                     security=security, on_serving=on_serving)
     finally:
         if payload_server is not None:
+            servicer.pusher.close()
             payload_server.shutdown()
 
 
@@ -98,13 +102,15 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
-    payloads = None
-    if cfg.controller.data_plane == "flight":  # the batch's tokens are fetched from the replicas
+    staging_server = None
+    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
+    if cfg.controller.data_plane == "flight":  # the batch's tokens are staged here or fetched from replicas
         from rlfleet.dataplane.flight import PayloadClient
 
-        payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
-    servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token,
-                               payloads=payloads)
+        servicer.payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
+        if cfg.learner.staging_max_tokens:
+            staging_server, servicer.payload_sink = serve_staging(cfg, security)
+            servicer.staging = staging_server.store
 
     def load() -> None:
         # The checks `rlfleet run` made just before starting this learner are not made again.
@@ -134,8 +140,26 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
             restore_learner(learner, checkpoint, verified=True)
         servicer.attach(learner, restored_from=checkpoint, digest_checks=checks)
 
-    run_service("learner", cfg, cfg.learner, [SERVICE_NAME], learner_pb2_grpc.add_LearnerServicer_to_server,
-                servicer, load, name=name, security=security)
+    try:
+        run_service("learner", cfg, cfg.learner, [SERVICE_NAME],
+                    learner_pb2_grpc.add_LearnerServicer_to_server, servicer, load, name=name,
+                    security=security)
+    finally:
+        if staging_server is not None:
+            staging_server.shutdown()
+
+
+def serve_staging(cfg: JobConfig, security: Security):
+    """The learner's staging store on a Flight server of its own (rlfleet/dataplane/staging.py), at the
+    learner's host and a free port, and where the replicas reach it (GetStatus.payload_sink)."""
+    from rlfleet.dataplane.flight import PayloadServer
+    from rlfleet.dataplane.staging import StagingStore
+
+    # a group staged max_staleness + 1 versions ago can be trained no more (staging.StagingStore); one more
+    # version of margin
+    store = StagingStore(cfg.learner.staging_max_tokens, max_age=cfg.controller.max_staleness + 2)
+    server = PayloadServer(store, cfg.learner.host, 0, security)
+    return server, data_plane_address(cfg.learner.host, server.port, None, None)
 
 
 def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:

@@ -5,4 +5,7 @@ through the controller, which keeps ids, versions, rewards, advantages, admissio
 - payload.py: the payload of a group and its Arrow table (pure).
 - store.py: where a replica holds its groups until they are fetched and released (the interface).
 - flight.py: the Flight server that serves a store and the client that fetches from it (TLS, token).
+- staging.py: the learner's staging store, where replicas push each group once generated (bounded).
+- push.py: a replica's background sender of its groups to that store (off the Generate stream).
+- plane.py: the two ends around the services (hold; fetch what is not staged, fill what is).
 """

@@ -2,7 +2,9 @@
 (the learner's) fetches groups by request id and releases them.
 
 A ticket is the JSON list of request ids; the stream is the payload table (payload.py). Actions:
-`release` (body: JSON ids) forgets groups once trained. The same rlfleet.rpc.security.Security as
+`release` (body: JSON ids) forgets groups once trained. A server whose store stages puts (the
+learner's, staging.py) also takes DoPut: a payload table the replicas push as groups are generated,
+its descriptor naming the replica's data-plane address. The same rlfleet.rpc.security.Security as
 the gRPC services: TLS with the fleet's certificates (mutual when asked) and the bearer token, which
 every call must carry (`authorization: Bearer <token>`) or is refused before it reaches the store.
 """
@@ -11,17 +13,19 @@ from __future__ import annotations
 import hmac
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from rlfleet.errors import InvalidRequest, RlfleetError, ServiceUnavailable
+from rlfleet.errors import DataError, InvalidRequest, RlfleetError, ServiceUnavailable
 from rlfleet.rpc.security import Security
-from rlfleet.dataplane.payload import TokenPayload, from_table, to_table
+from rlfleet.dataplane.payload import SCHEMA, TokenPayload, from_table, to_table
+from rlfleet.dataplane.staging import StagingFull, StagingStore
 from rlfleet.dataplane.store import PayloadMissing, PayloadStore
 
 _MISSING = "payload missing: "
+_FULL = "staging full: "
 
 
 class _TokenCheck(fl.ServerMiddlewareFactory):
@@ -68,6 +72,22 @@ class PayloadServer(fl.FlightServerBase):
         except PayloadMissing as exc:
             raise fl.FlightServerError(_MISSING + str(exc)) from exc
         return fl.RecordBatchStream(to_table(groups))
+
+    def do_put(self, context, descriptor, reader, writer):
+        if not isinstance(self.store, StagingStore):
+            raise fl.FlightServerError("this data plane server takes no puts (a replica's: fetch only)")
+        replica = descriptor.command.decode(errors="replace") if descriptor.command else ""
+        if not replica:
+            raise fl.FlightServerError("bad put: its descriptor must name the replica's data-plane address")
+        table = reader.read_all()
+        if not table.schema.equals(SCHEMA):
+            raise fl.FlightServerError(f"bad put: not a token-payload table: schema {table.schema}")
+        try:
+            self.store.put_table(table, replica)
+        except StagingFull as exc:
+            raise fl.FlightServerError(_FULL + str(exc)) from exc
+        except DataError as exc:
+            raise fl.FlightServerError(f"bad put: {exc}") from exc
 
     def do_action(self, context, action):
         if action.type != "release":
@@ -118,6 +138,19 @@ class PayloadClient:
         except fl.FlightError as exc:
             raise self._error(address, "fetch", exc) from exc
 
+    def put(self, address: str, replica: str, groups: Mapping[str, list[TokenPayload]]) -> None:
+        """Pushes `groups`, held by the replica whose data plane is at `replica`, to the staging store at
+        `address` (the learner's). StagingFull: it is full; ServiceUnavailable: unreachable;
+        InvalidRequest: refused (no token, a bad table)."""
+        table = to_table(groups)
+        descriptor = fl.FlightDescriptor.for_command(replica.encode())
+        try:
+            writer, _ = self._client(address).do_put(descriptor, table.schema, self._options)
+            writer.write_table(table)
+            writer.close()
+        except fl.FlightError as exc:
+            raise self._error(address, "put", exc) from exc
+
     def release(self, address: str, request_ids: Iterable[str]) -> int:
         body = json.dumps(list(request_ids)).encode()
         try:
@@ -131,6 +164,11 @@ class PayloadClient:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if _MISSING in text:
             return PayloadMissing(f"data plane {what} at {address}: {text.split(_MISSING, 1)[1]}")
+        if _FULL in text:
+            return StagingFull(f"data plane {what} at {address}: "
+                               f"{text.split(_FULL, 1)[1].split('. Detail:', 1)[0]}")
+        if "bad put: " in text or "takes no puts" in text:
+            return InvalidRequest(f"data plane {what} at {address} refused: {text}")
         if isinstance(exc, fl.FlightUnauthenticatedError):
             return InvalidRequest(f"data plane {what} at {address} refused: {text}")
         if isinstance(exc, (fl.FlightUnavailableError, fl.FlightTimedOutError, fl.FlightCancelledError)):

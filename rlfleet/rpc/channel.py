@@ -22,6 +22,30 @@ FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconne
                   ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
+# A call open on a channel with these options is watched by HTTP/2 keepalive pings: a peer that stops
+# answering (a frozen process, a partitioned host: its kernel may still hold the connection) fails it
+# UNAVAILABLE ("ping timeout") KEEPALIVE_S + KEEPALIVE_TIMEOUT_S at most after its last word, with no
+# Python run on either side (issue 44: a status call a member a second was a quarter of a 256-replica
+# controller's CPU). Pings go only while a call is open, and only after KEEPALIVE_S without data.
+# The peer must accept them (rlfleet.rpc.server.PING_POLICY): gRPC servers refuse pings more often than
+# every 5 minutes by default (GOAWAY too_many_pings, which fails the calls open).
+KEEPALIVE_S = 2.0
+KEEPALIVE_TIMEOUT_S = 6.0
+
+
+def keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S
+                      ) -> list[tuple[str, object]]:
+    """Channel options: a ping after `every_s` without data while a call is open, the calls failed when
+    one is not answered within `timeout_s`. grpcio 1.85 times a keepalive ping out by
+    `grpc.http2.ping_timeout_ms` (60 s by default), not `grpc.keepalive_timeout_ms`: both are set. And a
+    client sends at most 2 pings between two of its own data frames unless `max_pings_without_data` is 0
+    (a server stream's client sends none after its request)."""
+    every_ms, timeout_ms = int(every_s * 1000), int(timeout_s * 1000)
+    return [("grpc.keepalive_time_ms", every_ms), ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.keepalive_permit_without_calls", 0)]
+
+
 def open_channel(address: str, security: Security | None = None,
                  extra_options: list[tuple[str, object]] | None = None) -> grpc.Channel:
     """Every call made on it carries a request id (see rlfleet.rpc.request_id), and the bearer token and
@@ -67,14 +91,16 @@ REPORT_EVERY_S = 5.0
 
 def wait_until_serving(address: str, role: str, timeout_s: float, alive: callable = lambda: True,
                        security: Security | None = None, report_every_s: float = REPORT_EVERY_S,
-                       check_every_s: float = 1.0) -> grpc.Channel:
+                       check_every_s: float = 1.0,
+                       extra_options: list[tuple[str, object]] | None = None) -> grpc.Channel:
     """Waits until the health service says SERVING; says every `report_every_s` (on stderr and in the
     log) which role it waits for, where, and the last error; raises ServiceUnavailable naming the same.
 
     Watches the health status (a server stream) rather than polling it, so the wait ends the moment
     the service flips to SERVING; each watch lasts `check_every_s` at most, so that `alive()` (is the
-    run still worth waiting for) is asked, and the reason for waiting checked, that often."""
-    channel = open_channel(address, security)
+    run still worth waiting for) is asked, and the reason for waiting checked, that often.
+    `extra_options`: more options of the channel it returns (keepalive_options)."""
+    channel = open_channel(address, security, extra_options)
     stub = health_pb2_grpc.HealthStub(channel)
     start = time.monotonic()
     deadline = start + timeout_s

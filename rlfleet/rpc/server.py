@@ -29,6 +29,11 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 
+# Pings from a client's keepalive (rlfleet.rpc.channel.keepalive_options: every KEEPALIVE_S while a call
+# is open) are answered, never counted as abuse: by default a server sends GOAWAY too_many_pings on the
+# third ping within 5 minutes without data of its own, which fails every call open on the connection.
+PING_POLICY = [("grpc.http2.min_ping_interval_without_data_ms", 1000), ("grpc.http2.max_ping_strikes", 0)]
+
 
 class ServiceServer:
     def __init__(self, service_names: list[str], host: str, port: int, max_workers: int = 16,
@@ -39,7 +44,7 @@ class ServiceServer:
         self.service_names = service_names
         self.security = security = security or Security()
         # SO_REUSEPORT off: a second server on a taken port must fail, not silently split the clients.
-        options = [*security.options, ("grpc.so_reuseport", 0)]
+        options = [*security.options, ("grpc.so_reuseport", 0), *PING_POLICY]
         # Watch streams get threads of their own, so they cannot starve the work.
         watches = WatchLimit(security.max_health_watches)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers + watches.limit),

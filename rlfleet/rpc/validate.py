@@ -102,6 +102,8 @@ def generate(request, limits: LimitsConfig) -> None:
         if not p.prompt_ids:
             raise InvalidRequest(f"prompt {p.request_id!r} has no tokens")
         _ids(p.prompt_ids, f"prompt {p.request_id!r}", None)
+    if request.payload_sink:
+        _host_port(request.payload_sink, "payload_sink")
 
 
 def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
@@ -119,15 +121,25 @@ def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
                              f"{got}: without it a retried Train could train twice")
     _temperature(request.temperature, "0 means 1.0")
     for i, s in enumerate(request.samples):
-        check_sample_shape(i, s)
+        if s.HasField("payload"):  # staged at the learner (rlfleet/dataplane/staging.py): its tokens were
+            _staged_sample(i, s)  # checked on arrival, its shape is once filled (Learner.train)
+        else:
+            check_sample_shape(i, s)
+            _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
+            if not all(math.isfinite(x) for x in s.behaviour_logprobs):
+                raise InvalidRequest(f"sample {i}: behaviour_logprobs must be finite")
         _ids(s.prompt_ids, f"sample {i}: prompt_ids", vocab_size)
-        _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
-        if not all(math.isfinite(x) for x in s.behaviour_logprobs):
-            raise InvalidRequest(f"sample {i}: behaviour_logprobs must be finite")
         _finite(s.advantage, f"sample {i}: advantage")
         _finite(s.reward, f"sample {i}: reward")
         if s.generation_version < 0:
             raise InvalidRequest(f"sample {i}: generation_version must be >= 0, got {s.generation_version}")
+
+
+def _staged_sample(i: int, s) -> None:
+    if s.response_ids or s.behaviour_logprobs:
+        raise InvalidRequest(f"sample {i}: names a payload and also carries response tokens")
+    if not s.prompt_ids:
+        raise InvalidRequest(f"sample {i}: prompt_ids is empty")
 
 
 def score(request, limits: LimitsConfig) -> None:
@@ -147,9 +159,13 @@ def score(request, limits: LimitsConfig) -> None:
 
 
 def _address(address: str) -> None:
+    _host_port(address, "weight group address")
+
+
+def _host_port(address: str, what: str) -> None:
     host, sep, port = address.rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidRequest(f"weight group address must be 'host:port', got {address[:100]!r}")
+        raise InvalidRequest(f"{what} must be 'host:port', got {address[:100]!r}")
 
 
 def join_weight_group(request, limits: LimitsConfig) -> None:

@@ -9,8 +9,10 @@ import structlog
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.dataplane.flight import PayloadClient
-from rlfleet.dataplane.plane import fetch_into
-from rlfleet.errors import NotReady, RlfleetError
+from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys
+from rlfleet.dataplane.release import BackgroundReleases
+from rlfleet.dataplane.staging import StagingStore, replica_of
+from rlfleet.errors import NotReady
 from rlfleet.metrics import ServiceMetrics
 from rlfleet.proto.v1 import learner_pb2, learner_pb2_grpc
 from rlfleet.rpc import convert, validate
@@ -34,18 +36,32 @@ def _vocab_size(learner: Learner) -> int | None:
         return None
 
 
+def _by_replica(staged) -> list[tuple[str, list[str]]]:
+    """(replica address, request ids) of staged groups (keyed by staging.staged_key)."""
+    ids: dict[str, list[str]] = {}
+    for key in staged:
+        address, rid = replica_of(key)
+        ids.setdefault(address, []).append(rid)
+    return list(ids.items())
+
+
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     role = "learner"
 
     def __init__(self, host: str = "127.0.0.1", limits: LimitsConfig | None = None,
-                 weight_token: str | None = None, payloads: PayloadClient | None = None) -> None:
+                 weight_token: str | None = None, payloads: PayloadClient | None = None,
+                 staging: StagingStore | None = None, payload_sink: str = "") -> None:
         """`limits`: the largest requests served (default: LimitsConfig's); `weight_token`: the secret
         the weight group's rendezvous is signed with (security.token; None: unsigned); `payloads`: the
-        data plane's client (controller.data_plane=flight), which fetches samples' tokens."""
+        data plane's client (controller.data_plane=flight), which fetches samples' tokens; `staging`:
+        where the replicas push them before Train (served at `payload_sink`, reported by GetStatus)."""
         self.limits = limits or LimitsConfig()
         self.weight_token = weight_token
         self.payloads = payloads
+        self.staging, self.payload_sink = staging, payload_sink
         self._unreleased: list[tuple[str, list[str]]] = []  # (replica, groups) trained, not checkpointed
+        self._trained_staged: list[str] = []  # the last step's staged groups (kept for its retry)
+        self._releases: BackgroundReleases | None = None
         self.metrics = ServiceMetrics.create(self.role)
         self.metrics_port = 0
         self.learner: Learner | None = None
@@ -62,6 +78,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         `digest_checks`: the checkpoint verdicts made while loading, reused by ListCheckpoints."""
         self.learner = learner
         self.restored_from = restored_from
+        if self.staging is not None:  # groups staged from here on arrive at its version (a restored one's)
+            self.staging.advance(learner.version)
         if digest_checks is not None:
             self.digest_checks = digest_checks
 
@@ -74,29 +92,44 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def Train(self, request, context):
         learner = self._ready()
         self.weight_ops.refuse_while_held("Train")
-        # controller.data_plane=flight: the ids and log-probs come from the replicas that hold them
-        fetched = fetch_into(request, self.payloads) if self.payloads is not None else []
-        if fetched:
-            log.info("data plane fetched", groups=sum(len(ids) for _, ids in fetched), replicas=len(fetched))
-        validate.train(request, self.limits, _vocab_size(learner))
-        batch = convert.train_batch_from_proto(request)
+        # controller.data_plane=flight: the ids and log-probs are staged here or fetched from the replicas
+        staged = self.staging.staged(payload_keys(request)) if self.staging is not None else {}
+        fetched = fetch_into(request, self.payloads, staged) if self.payloads is not None else []
+        if fetched or staged:
+            log.info("data plane resolved", staged=len(staged), fetched=sum(len(ids) for _, ids in fetched),
+                     replicas=len(fetched))
+        vocab = _vocab_size(learner)
+        validate.train(request, self.limits, vocab)
+        batch = fill_staged(convert.train_batch_from_proto(request), staged, vocab)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
-        self._unreleased.extend(fetched)  # a learner restarted before its checkpoint replays the batch
+        # a learner restarted before its checkpoint replays the batch: the replicas keep their copies
+        self._unreleased.extend(fetched + _by_replica(staged))
+        if self.staging is not None and not result.repeated:  # the step before leaves the staging store;
+            self.staging.release(self._trained_staged)  # this one's stay for a retry of its Train
+            self._trained_staged = list(staged)
+            expired = self.staging.advance(result.policy_version)  # and what no step can take any more
+            if expired:
+                log.info("data plane: staged groups no step can train forgotten", groups=expired)
         self.metrics.policy_version.labels(self.role).set(result.policy_version)
         if not result.repeated:  # a repeat trained nothing
             self.metrics.tokens.labels(self.role).inc(result.metrics.get("learner/tokens", 0.0))
         return learner_pb2.TrainResponse(policy_version=result.policy_version, metrics=result.metrics)
 
     def _release(self) -> None:
-        """Groups trained before a checkpoint leave their replicas' stores (best effort: a replica gone
-        took them along)."""
-        fetched, self._unreleased = self._unreleased, []
-        for address, ids in fetched:
-            try:
-                self.payloads.release(address, ids)
-            except RlfleetError as exc:
-                log.warning("data plane release failed", address=address, groups=len(ids), error=str(exc))
+        """Groups trained before a checkpoint leave the staging store and their replicas' stores, these
+        off the call (rlfleet/dataplane/release.py: a replica gone answers late or not at all)."""
+        trained, self._unreleased = self._unreleased, []
+        if self.staging is not None:
+            self.staging.release(self._trained_staged)
+            self._trained_staged = []
+        by_address: dict[str, list[str]] = {}
+        for address, ids in trained:
+            by_address.setdefault(address, []).extend(ids)
+        if by_address and self._releases is None:
+            self._releases = BackgroundReleases(self.payloads)
+        for address, ids in by_address.items():
+            self._releases.submit(address, ids)
 
     @rpc_method
     def OpenWeightGroup(self, request, context):
@@ -160,5 +193,6 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         return convert.status_to_proto(t.ServiceStatus(
             role=self.role, ready=learner is not None, policy_version=learner.version if learner else 0,
             in_flight=self.metrics.in_flight_now() - 1, last_error=self.last_error,
-            stats={**self.metrics.load_stats(), **({"step": float(learner.step)} if learner else {})},
-            metrics_port=self.metrics_port))
+            stats={**self.metrics.load_stats(), **({"step": float(learner.step)} if learner else {}),
+                   **({"staged_tokens": float(self.staging.tokens)} if self.staging is not None else {})},
+            metrics_port=self.metrics_port, payload_sink=self.payload_sink))

@@ -6,6 +6,7 @@ import threading
 
 from rlfleet import types as t
 from rlfleet.dataplane.plane import hold
+from rlfleet.dataplane.push import PayloadPusher
 from rlfleet.dataplane.store import PayloadStore
 from rlfleet.errors import Busy, NotReady
 from rlfleet.metrics import ServiceMetrics
@@ -35,6 +36,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.agent: AgentLoop | None = None  # multi-turn episodes against an environment server (env.*)
         # controller.data_plane=flight: (store, its Flight address); groups' tokens are held there
         self.payloads: tuple[PayloadStore, str] | None = None
+        # and pushed to the learner's staging store (GenerateRequest.payload_sink) off the stream
+        self.pusher: PayloadPusher | None = None
         self.last_error = ""
         # This process among others at the same address: the controller tells a restarted replica's
         # Join from a repeated (or spoofed) one by it (controller/fleet.py). 52 bits: exact as a double.
@@ -67,6 +70,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 self.metrics.tokens.labels(self.role).inc(sum(len(c.token_ids) for c in group.completions))
                 if self.payloads is not None:  # controller.data_plane=flight: the tokens stay here
                     group = hold(group, *self.payloads)
+                    if request.payload_sink and self.pusher is not None:  # and go to the learner
+                        self.pusher.push(request.payload_sink, group.request_id)
                 yield convert.group_to_proto(group)
 
     @rpc_method
@@ -109,5 +114,5 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             last_error=self.last_error,
             stats={**self.metrics.load_stats(),
                    "weight_ranks": float(self.engine.weight_ranks if self.engine else 1),
-                   "instance": self.instance},
+                   "instance": self.instance, **(self.pusher.stats() if self.pusher is not None else {})},
             metrics_port=self.metrics_port, placement=self.engine.placement() if self.engine else ""))

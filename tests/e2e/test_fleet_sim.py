@@ -19,8 +19,8 @@ def test_sixteen_simulated_replicas_under_churn_lose_nothing_and_hold_the_bound(
     # fetch fails and the controller re-queues them (requeued "payload_lost", when a kill hits one)
     result = main(["--replicas", "16", "--staleness", str(STALENESS), "--seconds", "8", "--warmup", "0",
                    "--out", str(tmp_path), "--prompts-per-request", "2", "--max-new-tokens", "128",
-                   "--target-rate", "20", "--churn", "--churn-per-min", "1.25", "--pause-at", "2",
-                   "--pause-s", "2", "--start-timeout", "240", "--data-plane", data_plane])
+                   "--target-rate", "20", "--churn", "--churn-per-min", "1.25", "--churn-clock", "wall",
+                   "--pause-at", "2", "--pause-s", "2", "--start-timeout", "240", "--data-plane", data_plane])
     assert result["data_plane"] == data_plane
     assert result["lost"] == [] and result["trained_twice"] == []
     assert result["stranded"] == [] and result["invariant_errors"] == []  # main() exits 1 otherwise

@@ -61,7 +61,7 @@ class JoiningRollout:
         self.pulls.append(version)
         return SimpleNamespace(version=version, digest="d")
 
-    def generate(self, requests, params):
+    def generate(self, requests, params, payload_sink=""):
         if self.version < 0:
             self.generated_without_weights += 1
         for request in requests:

@@ -1,8 +1,15 @@
 """The heartbeat asks only the members it has not heard from lately: a member whose stream just
 delivered a group is alive, and a status call per member per second is what a 256-replica fleet's
 controller spent ~0.3 cores on (bench/fleet_sim.py, issue 34). A member not heard from is still asked,
-and one that stops answering still leaves after max_misses."""
+and one that stops answering still leaves after max_misses.
+
+Issue 44: a member whose Generate stream is open on a channel that pings it (keepalive) is watched by
+those pings, not asked (a frozen one fails its stream: tests/service/test_fleet_keepalive.py); those
+asked are asked all at once, not one after another."""
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -14,13 +21,25 @@ pytestmark = pytest.mark.unit
 
 
 class Replica:
-    def __init__(self, address: str) -> None:
+    """What the fleet reads of a RolloutClient: its status, its open Generate streams, whether its
+    channel pings (keepalive), when its last stream answered."""
+
+    def __init__(self, address: str, keepalive: bool = False) -> None:
         self.address = address
         self.up = True
         self.status_calls = 0
+        self.keepalive = keepalive
+        self.streams = 0
+        self.answered = 0.0
+        self.together: threading.Barrier | None = None  # status waits here for the others' calls
 
     def status(self, timeout_s: float = 10.0) -> ServiceStatus:
         self.status_calls += 1
+        if self.together is not None:
+            try:
+                self.together.wait()
+            except threading.BrokenBarrierError:
+                raise ServiceUnavailable(f"{self.address}: asked alone") from None
         if not self.up:
             raise ServiceUnavailable(f"rollout service at {self.address}: status failed: connection refused")
         return ServiceStatus("rollout", True, 0)
@@ -62,3 +81,39 @@ def test_a_silent_member_that_stops_answering_still_leaves():
     fleet.check()
     fleet.check()
     assert fleet.describe()[-1]["state"] == "left: unreachable"
+
+
+def test_a_member_streaming_on_a_kept_alive_channel_is_not_asked():
+    replica = Replica("10.0.0.1:1", keepalive=True)
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    replica.streams = 1
+    fleet.check()
+    assert replica.status_calls == 0
+
+
+def test_a_member_streaming_on_a_channel_without_keepalive_is_still_asked():
+    replica = Replica("10.0.0.1:1", keepalive=False)  # nothing would notice it freeze
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    replica.streams = 1
+    fleet.check()
+    assert replica.status_calls == 1
+
+
+def test_a_member_whose_stream_just_ended_is_not_asked():
+    replica = Replica("10.0.0.1:1", keepalive=True)
+    fleet = _fleet(replica)
+    replica.answered = time.monotonic()  # its stream ended OK now: it answered
+    fleet.check()
+    assert replica.status_calls == 0
+
+
+def test_the_members_asked_are_asked_at_once_not_one_after_another():
+    """Each status call waits for the other two to be in flight (10 s at most): asked one after another,
+    the first waits 10 s and all three fail; asked at once, all three answer."""
+    replicas = [Replica(f"10.0.0.{i}:1") for i in range(1, 4)]
+    fleet = _fleet(*replicas)
+    together = threading.Barrier(3, timeout=10)
+    for replica in replicas:
+        replica.together = together
+    fleet.check()
+    assert [fleet.find(r.address).misses for r in replicas] == [0, 0, 0]

@@ -61,7 +61,7 @@ class DyingRollout(JoiningRollout):
         self._alive()
         return super().pull_weights(version, timeout_s, digest)
 
-    def generate(self, requests, params):
+    def generate(self, requests, params, payload_sink=""):
         self._alive()
         yield from super().generate(requests, params)
 

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.unit
 
 class Replica:
     address = "10.0.0.7:50051"
+    keepalive, streams, answered = False, 0, 0.0  # as a RolloutClient without a stream open
 
     def __init__(self) -> None:
         self.up = True

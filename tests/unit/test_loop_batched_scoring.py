@@ -35,9 +35,9 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
     loop.reward = reward
     generate = loop.rollout.generate
 
-    def generate_and_tell(requests, params):
+    def generate_and_tell(requests, params, payload_sink=""):
         """A request's groups, then (once the controller asked past its last group) the event."""
-        yield from generate(requests, params)
+        yield from generate(requests, params, payload_sink)
         reward.more_generated.set()
 
     loop.rollout.generate = generate_and_tell

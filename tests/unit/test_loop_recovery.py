@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller.journal import Journal, audit, read_journal
-from controller.loop import GRPOLoop
+from controller.loop import GRPOLoop, payload_releaser
 from controller.outputs import RunWriter
 from controller.reward_outage import RewardOutageExpired
 from rlfleet.config import JobConfig
@@ -63,7 +63,7 @@ class FakeRollout:
     def __init__(self, faults: Faults) -> None:
         self.faults, self.version = faults, 0
 
-    def generate(self, requests, params):
+    def generate(self, requests, params, payload_sink=""):
         for k, request in enumerate(requests):
             if k == 1 and self.faults.fire("rollout", "generate"):  # mid-stream, after one group
                 raise ServiceUnavailable("rollout service at fake-rollout:1: Generate failed: UNAVAILABLE")
@@ -287,3 +287,37 @@ def test_a_learner_busy_with_another_weight_operation_is_waited_for(tmp_path, ca
     assert refusals["left"] == 0
     assert learner.trained_steps == [1, 2, 3]
     assert audit(tmp_path / "journal" / "prompts.jsonl").trained_twice == []
+
+
+def test_on_the_data_plane_generation_pushes_to_the_learners_sink_it_reported_last(tmp_path):
+    """controller.data_plane=flight: each GenerateRequest names the learner's staging store (its
+    GetStatus payload_sink), read at the start and again whenever the learner's version is checked, as
+    after a failed push: a learner restarted since stages at another port."""
+    faults = Faults()
+    faults.after_train.append(("learner", "push", 1))
+    loop, learner = make_loop(tmp_path, faults, staleness=0, steps=2)
+    loop.cfg.controller.data_plane = "flight"
+    loop.releaser = payload_releaser(loop.cfg, lambda: loop.payload_sink)
+    sinks: list[str] = []
+    generate = loop.rollout.generate
+
+    def recording(requests, params, payload_sink=""):
+        sinks.append(payload_sink)
+        return generate(requests, params, payload_sink)
+
+    loop.rollout.generate = recording
+    learner.sink = "10.0.0.3:5001"
+    train = learner.train
+
+    def restarting(batch):  # the learner comes back on another port after this step
+        result = train(batch)
+        learner.sink = "10.0.0.3:5002"
+        return result
+
+    learner.train = restarting
+    learner.status = lambda: ServiceStatus("learner", True, learner.version, payload_sink=learner.sink)
+    assert run_loop(loop) is None
+    assert faults.fired[("learner", "push")] == 1
+    assert sinks[0] == "10.0.0.3:5001" and sinks[-1] == "10.0.0.3:5002", sinks
+    assert set(sinks) == {"10.0.0.3:5001", "10.0.0.3:5002"}
+    loop.releaser.close()

@@ -83,11 +83,11 @@ def test_a_replica_down_is_waited_for_by_service_wait_s_not_cut_short_by_the_sta
     down = {"until": None}
     generate, status = rollout.generate, rollout.status
 
-    def failing_generate(requests, params):
+    def failing_generate(requests, params, payload_sink=""):
         if learner.trained_steps == [1] and down["until"] is None:
             down["until"] = time.monotonic() + 5.0
             raise ServiceUnavailable(f"rollout service at {rollout.address}: Generate: UNAVAILABLE")
-        yield from generate(requests, params)
+        yield from generate(requests, params, payload_sink)
 
     def down_status(timeout_s: float = 10.0):
         if down["until"] is not None and time.monotonic() < down["until"]:

@@ -2,6 +2,7 @@
 <run>/tensorboard/."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -50,3 +51,18 @@ def test_without_tensorboard_nothing_is_written_there(tmp_path: Path) -> None:
     writer.log_metrics({"step": 1, "reward/mean": 0.375})
     writer.close()
     assert not any((tmp_path / "tensorboard").iterdir())
+
+
+def test_sample_records_are_on_disk_a_line_each_as_soon_as_they_are_logged(tmp_path: Path) -> None:
+    """One write of all a step's records (issue 44), still a JSON line each and readable at once (the
+    samples command and the e2e tests read the file while the run goes on)."""
+    writer = RunWriter(tmp_path, tensorboard=False)
+    records = [{"step": 1, "prompt": "p", "response": f"r {i}\nsecond line", "reward": 0.5 * i,
+                "reward_error": None, "turns": [{"turn": 1, "text": "é"}]} for i in range(3)]
+    writer.log_samples(records)
+    writer.log_samples([])
+    try:
+        lines = (tmp_path / "samples" / "train.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == records
+    finally:
+        writer.close()

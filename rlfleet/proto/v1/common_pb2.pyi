@@ -96,7 +96,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServiceStatus(_message.Message):
-    __slots__ = ("role", "ready", "policy_version", "in_flight", "last_error", "stats", "metrics_port", "placement")
+    __slots__ = ("role", "ready", "policy_version", "in_flight", "last_error", "stats", "metrics_port", "placement", "payload_sink")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class ServiceStatus(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SINK_FIELD_NUMBER: _ClassVar[int]
     role: str
     ready: bool
     policy_version: int
@@ -120,4 +121,5 @@ class ServiceStatus(_message.Message):
     stats: _containers.ScalarMap[str, float]
     metrics_port: int
     placement: str
-    def __init__(self, role: _Optional[str] = ..., ready: _Optional[bool] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_error: _Optional[str] = ..., stats: _Optional[_Mapping[str, float]] = ..., metrics_port: _Optional[int] = ..., placement: _Optional[str] = ...) -> None: ...
+    payload_sink: str
+    def __init__(self, role: _Optional[str] = ..., ready: _Optional[bool] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., last_error: _Optional[str] = ..., stats: _Optional[_Mapping[str, float]] = ..., metrics_port: _Optional[int] = ..., placement: _Optional[str] = ..., payload_sink: _Optional[str] = ...) -> None: ...

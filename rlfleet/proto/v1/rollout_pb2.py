@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.proto.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/rollout.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"[\n\x0bPromptInput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\nprompt_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12 \n\x03row\x18\x03 \x01(\x0b\x32\x13.rlfleet.v1.DataRow\"]\n\x07\x44\x61taRow\x12\x13\n\x0b\x64\x61ta_source\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x04 \x01(\t\"g\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.PromptInput\x12*\n\x06params\x18\x02 \x01(\x0b\x32\x1a.rlfleet.v1.SamplingParams\"g\n\x0bGroupResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.Completion\x12\x17\n\x0fpayload_address\x18\x03 \x01(\t\"o\n\x16JoinWeightGroupRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"\x19\n\x17JoinWeightGroupResponse\"5\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x08\"V\n\x13PullWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t2\xbf\x02\n\x07Rollout\x12\x42\n\x08Generate\x12\x1b.rlfleet.v1.GenerateRequest\x1a\x17.rlfleet.v1.GroupResult0\x01\x12Z\n\x0fJoinWeightGroup\x12\".rlfleet.v1.JoinWeightGroupRequest\x1a#.rlfleet.v1.JoinWeightGroupResponse\x12N\n\x0bPullWeights\x12\x1e.rlfleet.v1.PullWeightsRequest\x1a\x1f.rlfleet.v1.PullWeightsResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/rollout.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"[\n\x0bPromptInput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\nprompt_ids\x18\x02 \x03(\x05\x42\x02\x10\x01\x12 \n\x03row\x18\x03 \x01(\x0b\x32\x13.rlfleet.v1.DataRow\"]\n\x07\x44\x61taRow\x12\x13\n\x0b\x64\x61ta_source\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x14\n\x0cground_truth\x18\x03 \x01(\t\x12\x17\n\x0f\x65xtra_info_json\x18\x04 \x01(\t\"}\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.PromptInput\x12*\n\x06params\x18\x02 \x01(\x0b\x32\x1a.rlfleet.v1.SamplingParams\x12\x14\n\x0cpayload_sink\x18\x03 \x01(\t\"g\n\x0bGroupResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.Completion\x12\x17\n\x0fpayload_address\x18\x03 \x01(\t\"o\n\x16JoinWeightGroupRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"\x19\n\x17JoinWeightGroupResponse\"5\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x08\"V\n\x13PullWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t2\xbf\x02\n\x07Rollout\x12\x42\n\x08Generate\x12\x1b.rlfleet.v1.GenerateRequest\x1a\x17.rlfleet.v1.GroupResult0\x01\x12Z\n\x0fJoinWeightGroup\x12\".rlfleet.v1.JoinWeightGroupRequest\x1a#.rlfleet.v1.JoinWeightGroupResponse\x12N\n\x0bPullWeights\x12\x1e.rlfleet.v1.PullWeightsRequest\x1a\x1f.rlfleet.v1.PullWeightsResponse\x12\x44\n\tGetStatus\x12\x1c.rlfleet.v1.GetStatusRequest\x1a\x19.rlfleet.v1.ServiceStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,17 +39,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATAROW']._serialized_start=158
   _globals['_DATAROW']._serialized_end=251
   _globals['_GENERATEREQUEST']._serialized_start=253
-  _globals['_GENERATEREQUEST']._serialized_end=356
-  _globals['_GROUPRESULT']._serialized_start=358
-  _globals['_GROUPRESULT']._serialized_end=461
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=463
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=574
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=576
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=601
-  _globals['_PULLWEIGHTSREQUEST']._serialized_start=603
-  _globals['_PULLWEIGHTSREQUEST']._serialized_end=656
-  _globals['_PULLWEIGHTSRESPONSE']._serialized_start=658
-  _globals['_PULLWEIGHTSRESPONSE']._serialized_end=744
-  _globals['_ROLLOUT']._serialized_start=747
-  _globals['_ROLLOUT']._serialized_end=1066
+  _globals['_GENERATEREQUEST']._serialized_end=378
+  _globals['_GROUPRESULT']._serialized_start=380
+  _globals['_GROUPRESULT']._serialized_end=483
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=485
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=596
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=598
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=623
+  _globals['_PULLWEIGHTSREQUEST']._serialized_start=625
+  _globals['_PULLWEIGHTSREQUEST']._serialized_end=678
+  _globals['_PULLWEIGHTSRESPONSE']._serialized_start=680
+  _globals['_PULLWEIGHTSRESPONSE']._serialized_end=766
+  _globals['_ROLLOUT']._serialized_start=769
+  _globals['_ROLLOUT']._serialized_end=1088
 # @@protoc_insertion_point(module_scope)

@@ -30,12 +30,14 @@ class DataRow(_message.Message):
     def __init__(self, data_source: _Optional[str] = ..., prompt: _Optional[str] = ..., ground_truth: _Optional[str] = ..., extra_info_json: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "params")
+    __slots__ = ("prompts", "params", "payload_sink")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SINK_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[PromptInput]
     params: _common_pb2.SamplingParams
-    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptInput, _Mapping]]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    payload_sink: str
+    def __init__(self, prompts: _Optional[_Iterable[_Union[PromptInput, _Mapping]]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., payload_sink: _Optional[str] = ...) -> None: ...
 
 class GroupResult(_message.Message):
     __slots__ = ("request_id", "completions", "payload_address")
