@@ -466,6 +466,7 @@ fleet_sim() {  # TAG [src=TGZ] ARGS...: one bench/fleet_sim.py run in the backgr
   (cd "$code" && setsid "$py" bench/fleet_sim.py "$@" --out "$work/fleet/$tag" > "$work/fleet/$tag.log" 2>&1 &
    echo $! > "$work/fleet/$tag.pid")
   echo "$tag: started from $code"
+  [ "$cpu" = 1 ] || sleep 8  # runs started at once raced for the same free ports (a controller exited 2)
 }
 
 fleet_wait() {  # SECONDS: the started simulator runs, each result as $OUT/fleet-TAG.json
