@@ -82,6 +82,34 @@ def wait_for(check, proc: subprocess.Popen, stderr: Path, timeout: float = 240.0
     pytest.fail(f"timed out; stderr: {stderr.read_text()[-3000:]}")
 
 
+# what must grow between the two scrapes, in each service
+GREW = [
+    ("rollout", "rlfleet_tokens_total", {"service": "rollout"}),
+    ("rollout", "rlfleet_rpc_latency_seconds_count", {"service": "rollout", "method": "PullWeights"}),
+    ("rollout", "rlfleet_weight_sync_seconds_count", {"service": "rollout"}),
+    ("rollout", "rlfleet_policy_version", {"service": "rollout"}),
+    ("reward", "rlfleet_rpc_latency_seconds_count", {"service": "reward", "method": "Score"}),
+    ("learner", "rlfleet_rpc_latency_seconds_count", {"service": "learner", "method": "Train"}),
+    ("learner", "rlfleet_tokens_total", {"service": "learner"}),
+    ("learner", "rlfleet_weight_sync_seconds_count", {"service": "learner"}),
+    ("learner", "rlfleet_policy_version", {"service": "learner"}),
+    ("controller", "rlfleet_train_step", {}),
+    ("controller", "rlfleet_policy_version", {"service": "controller"}),
+]
+
+
+def grown(announced: dict, first: dict) -> dict | None:
+    """Every service scraped again, once each metric of GREW has grown past `first` (None before: the
+    controller sets its gauges after writing its metrics line, so a scrape right after a step's line may
+    still show the step before; a service already gone: None, and wait_for reports the run's end)."""
+    try:
+        snap = {r: scrape(a["metrics_port"]) for r, a in announced.items()}
+    except OSError:
+        return None
+    return snap if all(value(snap[role], name, **labels) > value(first[role], name, **labels)
+                       for role, name, labels in GREW) else None
+
+
 def steps_done(path: Path) -> int:
     if not path.exists():
         return 0
@@ -133,7 +161,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
         announced = {r: json.loads((out / "services" / f"{r}.json").read_text()) for r in ROLES}
         first = {r: scrape(a["metrics_port"]) for r, a in announced.items()}
         wait_for(lambda: steps_done(out / "metrics.jsonl") >= 3, proc, stderr)
-        second = {r: scrape(a["metrics_port"]) for r, a in announced.items()}
+        second = wait_for(lambda: grown(announced, first), proc, stderr)
         sd_file = tmp_path / "targets.json"
         code = cli_main(["status", str(out), "--prometheus-sd", str(sd_file)])
         status_out = capsys.readouterr().out
@@ -148,20 +176,7 @@ def test_gsm8k_jsonl_trains_and_every_service_is_observable(tmp_path, capsys):
     for role in ROLES:
         for name in ("rlfleet_queue_depth", "rlfleet_rpc_in_flight", "rlfleet_policy_version"):
             assert ("TYPE", name) in second[role], (role, name)
-    grew = [
-        ("rollout", "rlfleet_tokens_total", {"service": "rollout"}),
-        ("rollout", "rlfleet_rpc_latency_seconds_count", {"service": "rollout", "method": "PullWeights"}),
-        ("rollout", "rlfleet_weight_sync_seconds_count", {"service": "rollout"}),
-        ("rollout", "rlfleet_policy_version", {"service": "rollout"}),
-        ("reward", "rlfleet_rpc_latency_seconds_count", {"service": "reward", "method": "Score"}),
-        ("learner", "rlfleet_rpc_latency_seconds_count", {"service": "learner", "method": "Train"}),
-        ("learner", "rlfleet_tokens_total", {"service": "learner"}),
-        ("learner", "rlfleet_weight_sync_seconds_count", {"service": "learner"}),
-        ("learner", "rlfleet_policy_version", {"service": "learner"}),
-        ("controller", "rlfleet_train_step", {}),
-        ("controller", "rlfleet_policy_version", {"service": "controller"}),
-    ]
-    for role, name, labels in grew:
+    for role, name, labels in GREW:
         assert value(second[role], name, **labels) > value(first[role], name, **labels), (role, name, labels)
     assert ("rlfleet_train_metric", (("metric", "reward/mean"),)) in second["controller"]
 

@@ -140,6 +140,8 @@ def valid_requests() -> dict[str, object]:
                                     advantage=1.0)]),
         "OpenWeightGroup": learner_pb2.OpenWeightGroupRequest(world_size=2, timeout_s=0.2),
         "PushWeights": learner_pb2.PushWeightsRequest(version=10**6),
+        # a group this learner does not hold: a no-op (an abort of the run's group is tested elsewhere)
+        "AbortWeightGroup": learner_pb2.AbortWeightGroupRequest(group="127.0.0.1:1", reason="fuzz"),
         "SaveCheckpoint": learner_pb2.SaveCheckpointRequest(step=-1),
         "ListCheckpoints": learner_pb2.ListCheckpointsRequest(),
     }

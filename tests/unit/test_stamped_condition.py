@@ -18,8 +18,8 @@ def test_a_wait_ended_by_a_notify_is_held_until_the_notify():
             time.sleep(0.1)  # the waiter cannot wake before the lock is let go: 0.1 s of its own latency
 
     with cond:
+        began = time.perf_counter()  # before the notifier starts its 0.2 s
         threading.Thread(target=notify_later).start()
-        began = time.perf_counter()
         cond.wait(5.0)
         woke = time.perf_counter()
         held = cond.held_since(began)
