@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import structlog
 
+from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError
 
 log = structlog.get_logger(__name__)
@@ -128,3 +129,23 @@ class EnvOutage:
         """Called with the lock held, before the state changes: `on_change` must not call back."""
         if self.on_change is not None:
             self.on_change(state, fields)
+
+
+def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:
+    """The environment outage tracker, probing the environment server's health (None without one)."""
+    if not cfg.env.address:
+        return None
+    note_change = lambda state, fields: note("env_outage" if state == "outage" else "env_back", **fields)  # noqa: E731
+    if cfg.env.kind == "openenv":  # an OpenEnv server's health is its GET /health
+        from rlfleet.rpc.openenv_wire import endpoint_of, healthy
+
+        endpoint = endpoint_of(cfg.env.address)
+        return EnvOutage(cfg.env.max_outage_s, probe=lambda: healthy(endpoint), on_change=note_change)
+    from rlfleet.rpc.channel import FAST_RECONNECT, health_status, open_channel
+    from rlfleet.rpc.security import Security
+
+    # health needs no token, but a server with TLS answers only a TLS channel; probed every second, so
+    # a server that is back is seen within a second, not after gRPC's reconnect backoff (up to 2 min)
+    channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits), FAST_RECONNECT)
+    return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
+                     on_change=note_change)

@@ -27,7 +27,7 @@ from rlfleet.errors import RlfleetError
 from rlfleet.types import DataRow, SamplingParams, TrainBatch
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.env_failures import EnvFailures
-from controller.env_outage import EnvOutage
+from controller.env_outage import env_outage_of
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
@@ -37,7 +37,7 @@ from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
 from controller.outputs import RunWriter
 from controller.payload_loss import lost_groups
-from controller.payload_release import PayloadReleaser
+from controller.payload_release import payload_releaser
 from controller.recovery import Recovery, Stopped
 from controller.sample_builder import SampleBuilder
 from controller.sample_quota import SampleQuota
@@ -470,36 +470,3 @@ class GRPOLoop(GenerationSide):
                     **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
                     **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})}
                    if c.turns or c.failed else {})}
-
-
-RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
-
-
-def payload_releaser(cfg: JobConfig, sink: Callable[[], str]) -> PayloadReleaser | None:
-    if cfg.controller.data_plane != "flight":
-        return None
-    from rlfleet.dataplane.flight import PayloadClient
-    from rlfleet.rpc.security import Security
-
-    return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
-                                         timeout_s=RELEASE_TIMEOUT_S), sink)
-
-
-def env_outage_of(cfg: JobConfig, note: Callable[..., None]) -> EnvOutage | None:
-    """The environment outage tracker, probing the environment server's health (None without one)."""
-    if not cfg.env.address:
-        return None
-    note_change = lambda state, fields: note("env_outage" if state == "outage" else "env_back", **fields)  # noqa: E731
-    if cfg.env.kind == "openenv":  # an OpenEnv server's health is its GET /health
-        from rlfleet.rpc.openenv_wire import endpoint_of, healthy
-
-        endpoint = endpoint_of(cfg.env.address)
-        return EnvOutage(cfg.env.max_outage_s, probe=lambda: healthy(endpoint), on_change=note_change)
-    from rlfleet.rpc.channel import FAST_RECONNECT, health_status, open_channel
-    from rlfleet.rpc.security import Security
-
-    # health needs no token, but a server with TLS answers only a TLS channel; probed every second, so
-    # a server that is back is seen within a second, not after gRPC's reconnect backoff (up to 2 min)
-    channel = open_channel(cfg.env.address, Security.from_config(cfg.security, cfg.limits), FAST_RECONNECT)
-    return EnvOutage(cfg.env.max_outage_s, probe=lambda: health_status(channel) == "SERVING",
-                     on_change=note_change)

@@ -12,6 +12,7 @@ import structlog
 
 from rlfleet.dataplane.flight import PayloadClient
 from rlfleet.dataplane.staging import staged_key
+from rlfleet.config import JobConfig
 from rlfleet.errors import RlfleetError
 from controller.groups import ScoredGroup
 
@@ -45,3 +46,16 @@ class PayloadReleaser:
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait)
         self._client.close()
+
+
+RELEASE_TIMEOUT_S = 10.0  # a release is a courtesy: the controller never waits long on one
+
+
+def payload_releaser(cfg: JobConfig, sink: Callable[[], str]) -> PayloadReleaser | None:
+    if cfg.controller.data_plane != "flight":
+        return None
+    from rlfleet.dataplane.flight import PayloadClient
+    from rlfleet.rpc.security import Security
+
+    return PayloadReleaser(PayloadClient(Security.from_config(cfg.security, cfg.limits),
+                                         timeout_s=RELEASE_TIMEOUT_S), sink)

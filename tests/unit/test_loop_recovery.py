@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from controller.journal import Journal, audit, read_journal
-from controller.loop import GRPOLoop, payload_releaser
+from controller.loop import GRPOLoop
+from controller.payload_release import payload_releaser
 from controller.outputs import RunWriter
 from controller.reward_outage import RewardOutageExpired
 from rlfleet.config import JobConfig
