@@ -305,9 +305,6 @@ class JobConfig(Section):
                              "layers do not allow; watch rollout/logprob_diff_mean instead")
         if self.learner.world_size > 1 and self.learner.lora.rank > 0:
             raise ValueError("learner.world_size > 1 does not support learner.lora yet")
-        if self.learner.world_size > 1 and self.controller.data_plane == "flight":
-            raise ValueError("controller.data_plane=flight needs learner.world_size=1 (the sharded learner "
-                             "does not fetch from the data plane yet)")
         if self.controller.prompts_per_request is None:  # resolved here, so config.yaml says what ran
             self.controller.prompts_per_request = default_prompts_per_request(self)
         n, per_request = max(self.rollout.n, self.controller.eval_n), self.controller.prompts_per_request

@@ -102,15 +102,8 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     from services.learner.servicer import SERVICE_NAME, LearnerServicer
 
     security = Security.from_config(cfg.security, cfg.limits)
-    staging_server = None
     servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
-    if cfg.controller.data_plane == "flight":  # the batch's tokens are staged here or fetched from replicas
-        from rlfleet.dataplane.flight import PayloadClient
-
-        servicer.payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
-        if cfg.learner.staging_max_tokens:
-            staging_server, servicer.payload_sink = serve_staging(cfg, security)
-            servicer.staging = staging_server.store
+    staging_server = attach_data_plane(cfg, servicer, security)
 
     def load() -> None:
         # The checks `rlfleet run` made just before starting this learner are not made again.
@@ -147,6 +140,22 @@ def serve_learner(cfg: JobConfig, name: str = "learner", index: int = 0) -> None
     finally:
         if staging_server is not None:
             staging_server.shutdown()
+
+
+def attach_data_plane(cfg: JobConfig, servicer, security: Security):
+    """controller.data_plane=flight: the servicer takes the batch's ids and log-probs from its staging
+    store or fetches them from the replicas (before a sharded learner broadcasts the batch to its ranks).
+    Returns the staging store's server, to shut down with the service (None: none)."""
+    if cfg.controller.data_plane != "flight":
+        return None
+    from rlfleet.dataplane.flight import PayloadClient
+
+    servicer.payloads = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)
+    if not cfg.learner.staging_max_tokens:
+        return None
+    staging_server, servicer.payload_sink = serve_staging(cfg, security)
+    servicer.staging = staging_server.store
+    return staging_server
 
 
 def serve_staging(cfg: JobConfig, security: Security):
@@ -192,6 +201,7 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
         else:
             security = Security.from_config(cfg.security, cfg.limits)
             servicer = LearnerServicer(host=cfg.learner.host, limits=cfg.limits, weight_token=security.token)
+            staging_server = attach_data_plane(cfg, servicer, security)
             front: list[LearnerFront] = []
 
             def load() -> None:
@@ -206,6 +216,8 @@ def serve_sharded_learner(cfg: JobConfig, name: str = "learner") -> None:
             finally:
                 if front:
                     front[0].stop()
+                if staging_server is not None:
+                    staging_server.shutdown()
     except BaseException:
         dist.destroy_process_group()
         raise

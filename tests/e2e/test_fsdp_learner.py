@@ -36,3 +36,19 @@ def test_sharded_learner_trains_and_syncs_weights(run_dir):
     assert meta["learner_world_size"] == 2 and (ckpt / "model.safetensors").is_file()
     samples = read_jsonl(out / "samples" / "train.jsonl")
     assert {s["version"] for s in samples} == set(range(steps))  # the rollout generated with every version
+
+
+def test_sharded_learner_trains_from_the_data_plane(run_dir):
+    """controller.data_plane=flight with 2 ranks: rank 0's servicer takes the batch's ids and log-probs from
+    its staging store (or the replicas) before the batch goes to both ranks."""
+    steps = 2
+    proc = rlfleet("run", f"run.output_dir={run_dir}", "run.name=fsdp-flight",
+                   f"controller.max_steps={steps}", "controller.max_staleness=0",
+                   "controller.prompts_per_step=4", "learner.world_size=2", "controller.data_plane=flight",
+                   "learner.micro_batch_tokens=128", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = run_dir / "fsdp-flight"
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == list(range(1, steps + 1))
+    learner = [json.loads(line) for line in (out / "logs" / "learner.log").read_text().splitlines()]
+    resolved = [e for e in learner if e.get("event") == "data plane resolved"]
+    assert len(resolved) == steps and all(e["staged"] + e["fetched"] > 0 for e in resolved), resolved

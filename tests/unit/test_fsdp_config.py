@@ -31,7 +31,7 @@ def test_sharded_learner_needs_torchrun_with_the_right_size(monkeypatch: pytest.
 
 
 
-def test_the_data_plane_is_not_yet_for_a_sharded_learner() -> None:
-    with pytest.raises(ConfigError, match="controller.data_plane=flight needs learner.world_size=1"):
-        load_config(None, ["learner.world_size=2", "controller.data_plane=flight"])
-    assert load_config(None, ["controller.data_plane=flight"]).controller.data_plane == "flight"
+def test_the_data_plane_serves_a_sharded_learner_too() -> None:
+    # rank 0 fills the batch from the data plane before it is broadcast to the other ranks
+    cfg = load_config(None, ["learner.world_size=2", "controller.data_plane=flight"])
+    assert (cfg.learner.world_size, cfg.controller.data_plane) == (2, "flight")
