@@ -14,25 +14,37 @@ against staged: the controller's request of references is parsed, then either ev
 from the R replicas and the request filled (fetch_into), or every group was pushed beforehand to the
 learner's staging store (rlfleet/dataplane/staging.py, over Flight, converted on arrival: timed apart,
 as the pushes run while the batch is still generated) and only its lists are picked up (fill_staged);
-then validate.train and the conversion to the TrainBatch as the servicer does.
+then validate.train and the conversion to the TrainBatch as the servicer does. Then what the learner
+builds from that batch on the host (services/learner/batching.py: micro-batches of 16k tokens, collated to
+CPU tensors, packed), timed apart as `learner_collate_s`.
+
+The staging store's memory per token held: the batch's tables (puts of 64 groups, as pushed) put into a
+fresh StagingStore, the tables then dropped; what the store still holds is the growth of Python's heap
+(tracemalloc: lists, floats, numpy arrays) plus Arrow's memory pool (buffers tracemalloc does not see),
+divided by the response tokens held (`staging_memory`).
 
     python bench/dataplane_train.py --groups 512 --replicas 16 --out bench/results/x.json
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+
 from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
-from rlfleet.dataplane.payload import TokenPayload, from_table  # noqa: E402
+from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
 from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys  # noqa: E402
 from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
@@ -42,10 +54,41 @@ from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_f
                                  train_batch_to_proto)
 from rlfleet.security_config import LimitsConfig  # noqa: E402
 from rlfleet.types import Completion, GroupResult, PayloadRef, TrainBatch, TrainSample  # noqa: E402
+from services.learner.batching import collate, split_by_token_budget  # noqa: E402
 
 N = 16
 PROMPT = 40
 VOCAB = 151_936  # Qwen2.5's
+MICRO_BATCH_TOKENS = 16_384
+
+
+def staging_memory(groups: dict[str, list[TokenPayload]]) -> dict:
+    """Bytes the staging store holds per response token, the batch put in as the replicas push it."""
+    rids = list(groups)
+    gc.collect()
+    arrow0 = pa.total_allocated_bytes()  # before the tables: what the store keeps of them is counted
+    tables = [to_table({rid: groups[rid] for rid in rids[k:k + 64]}) for k in range(0, len(rids), 64)]
+    gc.collect()
+    tracemalloc.start()
+    heap0 = tracemalloc.get_traced_memory()[0]
+    store = StagingStore(max_tokens=10**9)
+    for table in tables:
+        store.put_table(table, "10.0.0.1:7001")
+    del tables, table
+    gc.collect()
+    heap, arrow = tracemalloc.get_traced_memory()[0] - heap0, pa.total_allocated_bytes() - arrow0
+    tracemalloc.stop()
+    tokens = store.tokens
+    return {"tokens_held": tokens, "python_heap_bytes": heap, "arrow_pool_bytes": arrow,
+            "bytes_per_token": (heap + arrow) / tokens}
+
+
+def learner_collate(batch: TrainBatch) -> float:
+    """Seconds to build the learner's CPU tensors from `batch` (micro-batches, padded and packed)."""
+    t = time.perf_counter()
+    for micro in split_by_token_budget(batch.samples, MICRO_BATCH_TOKENS):
+        collate(micro, pad_id=0, device=torch.device("cpu"), pack=True)
+    return time.perf_counter() - t
 
 
 def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: list[int]) -> dict:
@@ -84,10 +127,11 @@ def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: lis
     put_s = time.perf_counter() - t
     staged_s, staged = learner_side(staging.store)
     assert len(staged.samples) == len(samples) and all(s.payload is None for s in staged.samples)
+    collate_s = learner_collate(staged)
     for server in [*servers, staging]:
         server.shutdown()
     return {"fetched_s": fetched_s, "staged_s": staged_s, "staging_puts_s": put_s,
-            "staged_tokens": staging.store.tokens}
+            "staged_tokens": staging.store.tokens, "learner_collate_s": collate_s}
 
 
 def main() -> None:
@@ -96,6 +140,9 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=428)
     p.add_argument("--out", default="")
+    p.add_argument("--learner-only", action="store_true",
+                   help="only the Train call's learner side and the staging store's memory (no inline, "
+                        "controller or fetch-to-lists comparison)")
     a = p.parse_args()
     rng, gpu = random.Random(0), GpuModel(max_new_tokens=a.max_new_tokens)
     groups = {f"p{g}-s{g}": [TokenPayload([(i * 7919) % 151_000 + 3 for i in range(gpu.response_length(rng))],
@@ -105,6 +152,12 @@ def main() -> None:
     tokens = sum(len(s.token_ids) for ps in groups.values() for s in ps)
     prompt = list(range(3, 3 + PROMPT))
     samples = [TrainSample(prompt, s.token_ids, s.logprobs, 0.25, 3) for ps in groups.values() for s in ps]
+    if a.learner_only:
+        report({"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
+                "replicas": a.replicas,
+                "train_call_learner_side": train_call(groups, a.replicas, prompt),
+                "staging_memory": staging_memory(groups)}, a.out)
+        return
 
     t = time.perf_counter()
     msg = train_batch_to_proto(TrainBatch(1, samples, 1.0, 3))
@@ -175,16 +228,21 @@ def main() -> None:
     for s in servers:
         s.shutdown()
     call = train_call(groups, a.replicas, prompt)
+    memory = staging_memory(groups)
     result = {"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
               "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
-              "train_call_learner_side": call,
+              "train_call_learner_side": call, "staging_memory": memory,
               "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
                          "arrow_to_flat_numpy_s": to_numpy_s,
-                         "control_request_bytes": control_bytes},
-              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+                         "control_request_bytes": control_bytes}}
+    report(result, a.out)
+
+
+def report(result: dict, out: str) -> None:
+    result = {**result, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
     print(json.dumps(result, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
