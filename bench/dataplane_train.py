@@ -11,9 +11,10 @@ holds ids, versions and advantages only (its bytes are counted, its conversion i
 
 The Train call's learner side (services/learner/servicer.py Train up to Learner.train), the batch fetched
 against staged: the controller's request of references is parsed, then either every group is fetched
-from the R replicas and the request filled (fetch_into), or every group was pushed beforehand to the
-learner's staging store (rlfleet/dataplane/staging.py, over Flight, converted on arrival: timed apart,
-as the pushes run while the batch is still generated) and only its lists are picked up (fill_staged);
+from the R replicas as each group's columns (fetch_columns), or every group was pushed beforehand to the
+learner's staging store (rlfleet/dataplane/staging.py, over Flight, split into columns on arrival: timed
+apart, as the pushes run while the batch is still generated) and only its columns are picked up; the
+samples are given views of them (fill_payloads);
 then validate.train and the conversion to the TrainBatch as the servicer does. Then what the learner
 builds from that batch on the host (services/learner/batching.py: micro-batches of 16k tokens, collated to
 CPU tensors, packed), timed apart as `learner_collate_s`.
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
-from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys  # noqa: E402
+from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys  # noqa: E402
 from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
 from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
@@ -110,9 +111,10 @@ def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: lis
         t = time.perf_counter()
         request = learner_pb2.TrainRequest.FromString(wire)
         staged = staging.staged(payload_keys(request)) if staging is not None else {}
-        fetch_into(request, client, staged)
+        _, groups = fetch_columns(request, client, staged)
         validate.train(request, limits, VOCAB)
-        batch = fill_staged(train_batch_from_proto(request), staged, VOCAB)
+        groups.update((key, group.columns) for key, group in staged.items())
+        batch = fill_payloads(train_batch_from_proto(request), groups, VOCAB)
         return time.perf_counter() - t, batch
 
     fetched_s, fetched = learner_side(None)
