@@ -44,6 +44,7 @@ import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
+from rlfleet.dataplane.columns import columns_of  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
 from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys  # noqa: E402
@@ -212,6 +213,9 @@ def main() -> None:
     for tb in tables:
         fetched.update(from_table(tb))
     to_lists_s = time.perf_counter() - t
+    t = time.perf_counter()  # what the learner does with them now: each group's checked columns
+    assert sum(len(columns_of(tb)) for tb in tables) == len(groups)
+    to_columns_s = time.perf_counter() - t
     assert len(fetched) == len(groups)
     # What a learner that packs its rows from Arrow needs: flat ids and log-probs and the row offsets
     # (zero-copy views where the column is one chunk).
@@ -235,6 +239,7 @@ def main() -> None:
               "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
               "train_call_learner_side": call, "staging_memory": memory,
               "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
+                         "arrow_to_group_columns_s": to_columns_s,
                          "arrow_to_flat_numpy_s": to_numpy_s,
                          "control_request_bytes": control_bytes}}
     report(result, a.out)
