@@ -73,14 +73,14 @@ def _numpy(array: pa.Array) -> np.ndarray:
 def _check(table: pa.Table) -> None:
     for name in ("request_id", "sample", "token_ids", "logprobs", "policy_version", "last_policy_version"):
         if table.column(name).null_count:
-            raise DataError(f"a staged payload has a sample without token ids or log-probs ({name} null)")
+            raise DataError(f"a payload has a sample without token ids or log-probs ({name} null)")
     ids, logprobs, mask = (table.column(n) for n in ("token_ids", "logprobs", "loss_mask"))
     lengths = pc.list_value_length(ids)
     if pc.any(pc.not_equal(lengths, pc.list_value_length(logprobs))).as_py():
-        raise DataError("a staged payload has a sample whose token ids and log-probs differ in number")
+        raise DataError("a payload has a sample whose token ids and log-probs differ in number")
     masked = pc.is_valid(mask)
     if pc.any(pc.and_(masked, pc.not_equal(lengths, pc.list_value_length(mask)))).as_py():
-        raise DataError("a staged payload has a sample whose loss mask and token ids differ in number")
+        raise DataError("a payload has a sample whose loss mask and token ids differ in number")
 
 
 def columns_of(table: pa.Table) -> dict[str, GroupColumns]:
@@ -94,12 +94,12 @@ def columns_of(table: pa.Table) -> dict[str, GroupColumns]:
     _check(table)
     arrow_ids, arrow_lps = (pc.list_flatten(table.column(n)) for n in ("token_ids", "logprobs"))
     if arrow_ids.null_count or arrow_lps.null_count:
-        raise DataError("a staged payload has null token ids or log-probs")
+        raise DataError("a payload has null token ids or log-probs")
     flat_ids, flat_lps = _numpy(arrow_ids), _numpy(arrow_lps)
     if len(flat_lps) and not np.isfinite(flat_lps).all():
-        raise DataError("a staged payload has log-probs that are not finite")
+        raise DataError("a payload has log-probs that are not finite")
     if len(flat_ids) and flat_ids.min() < 0:
-        raise DataError("a staged payload has negative token ids")
+        raise DataError("a payload has negative token ids")
     lengths = _numpy(pc.list_value_length(table.column("token_ids"))).astype(np.int64)
     starts = np.concatenate(([0], np.cumsum(lengths)))
     masked = _numpy(pc.is_valid(table.column("loss_mask")))

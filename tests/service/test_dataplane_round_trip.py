@@ -11,6 +11,7 @@ import pytest
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer
 from rlfleet.dataplane.plane import fetch_columns, fill_payloads, hold
 from rlfleet.dataplane.store import MemoryStore, PayloadMissing
+from rlfleet.errors import InvalidRequest
 from rlfleet.proto.v1 import learner_pb2
 from rlfleet.rpc.convert import group_from_proto, group_to_proto, train_batch_from_proto, train_batch_to_proto
 from rlfleet.types import Completion, GroupResult, TrainBatch, TrainSample
@@ -73,3 +74,16 @@ def test_a_group_released_or_a_replica_gone_is_named():
     server.shutdown()
     with pytest.raises(PayloadMissing, match=f"1 group\\(s\\) at {server.address} could not be fetched"):
         fetch_columns(_batch(received), PayloadClient(timeout_s=5))
+
+
+def test_a_replica_that_serves_bad_values_is_refused_as_a_staged_put_is():
+    store = MemoryStore()
+    server = PayloadServer(store)
+    try:
+        group = GroupResult("p0-s0", [Completion([3, 4], [-1.0, float("nan")], "stop", 4)])
+        received = [group_from_proto(group_to_proto(hold(group, store, server.address)))]
+        with pytest.raises(InvalidRequest, match=f"the data plane at {server.address} served bad payloads: "
+                                                 "a payload has log-probs that are not finite"):
+            fetch_columns(_batch(received), PayloadClient(timeout_s=10))
+    finally:
+        server.shutdown()
