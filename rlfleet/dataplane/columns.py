@@ -71,9 +71,12 @@ def _numpy(array: pa.Array) -> np.ndarray:
 
 
 def _check(table: pa.Table) -> None:
-    for name in ("request_id", "sample", "token_ids", "logprobs", "policy_version", "last_policy_version"):
+    for name in ("token_ids", "logprobs"):
         if table.column(name).null_count:
             raise DataError(f"a payload has a sample without token ids or log-probs ({name} null)")
+    for name in ("request_id", "sample", "policy_version", "last_policy_version"):
+        if table.column(name).null_count:
+            raise DataError(f"a payload has a sample whose {name} is null")
     ids, logprobs, mask = (table.column(n) for n in ("token_ids", "logprobs", "loss_mask"))
     lengths = pc.list_value_length(ids)
     if pc.any(pc.not_equal(lengths, pc.list_value_length(logprobs))).as_py():
@@ -117,7 +120,7 @@ def columns_of(table: pa.Table) -> dict[str, GroupColumns]:
     for rid, by_sample in rows_of.items():
         rows = np.array([by_sample[i] for i in sorted(by_sample)], dtype=np.int64)
         group_masked = masked[rows]
-        if len(rows) and (rows == np.arange(rows[0], rows[0] + len(rows))).all():  # in order: one slice each
+        if (rows == np.arange(rows[0], rows[0] + len(rows))).all():  # in order, contiguous: one slice
             ids = flat_ids[starts[rows[0]]:starts[rows[-1] + 1]].copy()
             lps = flat_lps[starts[rows[0]]:starts[rows[-1] + 1]].copy()
         else:

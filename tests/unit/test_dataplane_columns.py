@@ -83,6 +83,14 @@ def test_bad_values_are_refused(ids, logprobs, masks, message):
         columns_of(_raw(ids, logprobs, masks))
 
 
+def test_a_sample_without_a_version_is_refused():
+    table = _raw([[1]], [[-1.0]])
+    table = table.set_column(SCHEMA.get_field_index("policy_version"), "policy_version",
+                             pa.array([None], pa.int64()))
+    with pytest.raises(DataError, match="a sample whose policy_version is null"):
+        columns_of(table)
+
+
 def test_an_empty_table_is_no_group_and_a_foreign_one_is_refused():
     assert columns_of(to_table({})) == {}
     with pytest.raises(DataError, match="not a token-payload table"):
