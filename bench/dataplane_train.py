@@ -11,29 +11,43 @@ holds ids, versions and advantages only (its bytes are counted, its conversion i
 
 The Train call's learner side (services/learner/servicer.py Train up to Learner.train), the batch fetched
 against staged: the controller's request of references is parsed, then either every group is fetched
-from the R replicas and the request filled (fetch_into), or every group was pushed beforehand to the
-learner's staging store (rlfleet/dataplane/staging.py, over Flight, converted on arrival: timed apart,
-as the pushes run while the batch is still generated) and only its lists are picked up (fill_staged);
-then validate.train and the conversion to the TrainBatch as the servicer does.
+from the R replicas as each group's columns (fetch_columns), or every group was pushed beforehand to the
+learner's staging store (rlfleet/dataplane/staging.py, over Flight, split into columns on arrival: timed
+apart, as the pushes run while the batch is still generated) and only its columns are picked up; the
+samples are given views of them (fill_payloads);
+then validate.train and the conversion to the TrainBatch as the servicer does. Then what the learner
+builds from that batch on the host (services/learner/batching.py: micro-batches of 16k tokens, collated to
+CPU tensors, packed), timed apart as `learner_collate_s`.
+
+The staging store's memory per token held: the batch's tables (puts of 64 groups, as pushed) put into a
+fresh StagingStore, the tables then dropped; what the store still holds is the growth of Python's heap
+(tracemalloc: lists, floats, numpy arrays) plus Arrow's memory pool (buffers tracemalloc does not see),
+divided by the response tokens held (`staging_memory`).
 
     python bench/dataplane_train.py --groups 512 --replicas 16 --out bench/results/x.json
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow as pa  # noqa: E402
+import torch  # noqa: E402
+
 from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
+from rlfleet.dataplane.columns import columns_of  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
-from rlfleet.dataplane.payload import TokenPayload, from_table  # noqa: E402
-from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys  # noqa: E402
+from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
+from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys  # noqa: E402
 from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
 from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
@@ -42,14 +56,48 @@ from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_f
                                  train_batch_to_proto)
 from rlfleet.security_config import LimitsConfig  # noqa: E402
 from rlfleet.types import Completion, GroupResult, PayloadRef, TrainBatch, TrainSample  # noqa: E402
+from services.learner.batching import collate, split_by_token_budget  # noqa: E402
 
 N = 16
 PROMPT = 40
 VOCAB = 151_936  # Qwen2.5's
+MICRO_BATCH_TOKENS = 16_384
 
 
-def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: list[int]) -> dict:
-    """The learner's side of a Train call whose groups are fetched, and whose groups are staged."""
+def staging_memory(groups: dict[str, list[TokenPayload]]) -> dict:
+    """Bytes the staging store holds per response token, the batch put in as the replicas push it."""
+    rids = list(groups)
+    gc.collect()
+    arrow0 = pa.total_allocated_bytes()  # before the tables: what the store keeps of them is counted
+    tables = [to_table({rid: groups[rid] for rid in rids[k:k + 64]}) for k in range(0, len(rids), 64)]
+    gc.collect()
+    tracemalloc.start()
+    heap0 = tracemalloc.get_traced_memory()[0]
+    store = StagingStore(max_tokens=10**9)
+    for table in tables:
+        store.put_table(table, "10.0.0.1:7001")
+    del tables, table
+    gc.collect()
+    heap, arrow = tracemalloc.get_traced_memory()[0] - heap0, pa.total_allocated_bytes() - arrow0
+    tracemalloc.stop()
+    tokens = store.tokens
+    return {"tokens_held": tokens, "python_heap_bytes": heap, "arrow_pool_bytes": arrow,
+            "bytes_per_token": (heap + arrow) / tokens}
+
+
+def learner_collate(batch: TrainBatch) -> float:
+    """Seconds to build the learner's CPU tensors from `batch` (micro-batches, padded and packed)."""
+    t = time.perf_counter()
+    for micro in split_by_token_budget(batch.samples, MICRO_BATCH_TOKENS):
+        collate(micro, pad_id=0, device=torch.device("cpu"), pack=True)
+    return time.perf_counter() - t
+
+
+def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: list[int],
+               repeat: int = 1) -> dict:
+    """The learner's side of a Train call whose groups are fetched, and whose groups are staged; each
+    part `repeat` times, the least time reported (`*_runs_s`: all of them): on a machine shared with other
+    work the least is the one the others disturbed least."""
     stores = [MemoryStore() for _ in range(replicas)]
     servers = [PayloadServer(st) for st in stores]
     refs = []
@@ -67,26 +115,33 @@ def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: lis
         t = time.perf_counter()
         request = learner_pb2.TrainRequest.FromString(wire)
         staged = staging.staged(payload_keys(request)) if staging is not None else {}
-        fetch_into(request, client, staged)
+        _, groups = fetch_columns(request, client, staged)
         validate.train(request, limits, VOCAB)
-        batch = fill_staged(train_batch_from_proto(request), staged, VOCAB)
+        groups.update((key, group.columns) for key, group in staged.items())
+        batch = fill_payloads(train_batch_from_proto(request), groups, VOCAB)
         return time.perf_counter() - t, batch
 
-    fetched_s, fetched = learner_side(None)
-    del fetched
-    # the pushes: each replica's groups in puts of 64 (push.py's MAX_PER_PUT) to the staging server
+    runs: dict[str, list[float]] = {"fetched": [], "staging_puts": [], "staged": [], "learner_collate": []}
     staging = PayloadServer(StagingStore(max_tokens=10**9))
-    t = time.perf_counter()
-    for server, store in zip(servers, stores):
-        held = store.held()
-        for k in range(0, len(held), 64):
-            client.put(staging.address, server.address, store.get(held[k:k + 64]))
-    put_s = time.perf_counter() - t
-    staged_s, staged = learner_side(staging.store)
-    assert len(staged.samples) == len(samples) and all(s.payload is None for s in staged.samples)
+    for _ in range(repeat):
+        runs["fetched"].append(learner_side(None)[0])
+        # the pushes: each replica's groups in puts of 64 (push.py's MAX_PER_PUT) to the staging server
+        # (again: each replaces its group, counted once)
+        t = time.perf_counter()
+        for server, store in zip(servers, stores):
+            held = store.held()
+            for k in range(0, len(held), 64):
+                client.put(staging.address, server.address, store.get(held[k:k + 64]))
+        runs["staging_puts"].append(time.perf_counter() - t)
+        staged_s, staged = learner_side(staging.store)
+        runs["staged"].append(staged_s)
+        assert len(staged.samples) == len(samples) and all(s.payload is None for s in staged.samples)
+        runs["learner_collate"].append(learner_collate(staged))
+        del staged
     for server in [*servers, staging]:
         server.shutdown()
-    return {"fetched_s": fetched_s, "staged_s": staged_s, "staging_puts_s": put_s,
+    return {**{f"{name}_s": min(times) for name, times in runs.items()},
+            **({f"{name}_runs_s": times for name, times in runs.items()} if repeat > 1 else {}),
             "staged_tokens": staging.store.tokens}
 
 
@@ -96,6 +151,10 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=428)
     p.add_argument("--out", default="")
+    p.add_argument("--learner-only", action="store_true",
+                   help="only the Train call's learner side and the staging store's memory (no inline, "
+                        "controller or fetch-to-lists comparison)")
+    p.add_argument("--repeat", type=int, default=1, help="runs of the Train call's learner side (least kept)")
     a = p.parse_args()
     rng, gpu = random.Random(0), GpuModel(max_new_tokens=a.max_new_tokens)
     groups = {f"p{g}-s{g}": [TokenPayload([(i * 7919) % 151_000 + 3 for i in range(gpu.response_length(rng))],
@@ -105,6 +164,12 @@ def main() -> None:
     tokens = sum(len(s.token_ids) for ps in groups.values() for s in ps)
     prompt = list(range(3, 3 + PROMPT))
     samples = [TrainSample(prompt, s.token_ids, s.logprobs, 0.25, 3) for ps in groups.values() for s in ps]
+    if a.learner_only:
+        report({"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
+                "replicas": a.replicas,
+                "train_call_learner_side": train_call(groups, a.replicas, prompt, a.repeat),
+                "staging_memory": staging_memory(groups)}, a.out)
+        return
 
     t = time.perf_counter()
     msg = train_batch_to_proto(TrainBatch(1, samples, 1.0, 3))
@@ -157,6 +222,9 @@ def main() -> None:
     for tb in tables:
         fetched.update(from_table(tb))
     to_lists_s = time.perf_counter() - t
+    t = time.perf_counter()  # what the learner does with them now: each group's checked columns
+    assert sum(len(columns_of(tb)) for tb in tables) == len(groups)
+    to_columns_s = time.perf_counter() - t
     assert len(fetched) == len(groups)
     # What a learner that packs its rows from Arrow needs: flat ids and log-probs and the row offsets
     # (zero-copy views where the column is one chunk).
@@ -174,17 +242,23 @@ def main() -> None:
     control_bytes = len(control.SerializeToString()) + 12 * len(samples)
     for s in servers:
         s.shutdown()
-    call = train_call(groups, a.replicas, prompt)
+    call = train_call(groups, a.replicas, prompt, a.repeat)
+    memory = staging_memory(groups)
     result = {"groups": a.groups, "samples": len(samples), "response_tokens": tokens,
               "replicas": a.replicas, "inline": inline, "controller_payload_cpu": controller,
-              "train_call_learner_side": call,
+              "train_call_learner_side": call, "staging_memory": memory,
               "flight": {"bytes": flight_bytes, "fetch_to_arrow_s": fetch_s, "arrow_to_lists_s": to_lists_s,
+                         "arrow_to_group_columns_s": to_columns_s,
                          "arrow_to_flat_numpy_s": to_numpy_s,
-                         "control_request_bytes": control_bytes},
-              "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+                         "control_request_bytes": control_bytes}}
+    report(result, a.out)
+
+
+def report(result: dict, out: str) -> None:
+    result = {**result, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
     print(json.dumps(result, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ rollout replicas that made them to where they are used, over Apache Arrow Flight
 through the controller, which keeps ids, versions, rewards, advantages, admission and the journal.
 
 - payload.py: the payload of a group and its Arrow table (pure).
+- columns.py: a payload table as each group's compact columns, checked (the learner's form).
 - store.py: where a replica holds its groups until they are fetched and released (the interface).
 - flight.py: the Flight server that serves a store and the client that fetches from it (TLS, token).
 - staging.py: the learner's staging store, where replicas push each group once generated (bounded).

@@ -2,23 +2,25 @@
 
 `hold` (a rollout replica): keeps a generated group's token ids and log-probs in the replica's store
 and returns the group without them, saying where they are, for the Generate stream to the controller.
-`fetch_into` (the learner): fills a Train request's samples that name a payload with the ids and
-log-probs fetched from the replicas, one fetch per replica, in parallel, leaving out the groups the
-learner's staging store holds (staging.py), which `fill_staged` puts in the converted batch.
+`fetch_columns` (the learner): fetches the groups a Train request's samples name from the replicas,
+one fetch per replica, in parallel, as each group's columns (columns.py), leaving out those the
+learner's staging store holds (staging.py); `fill_payloads` gives the converted batch's samples their
+ids and log-probs from either, as numpy views (no per-token Python).
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from rlfleet.errors import InvalidRequest, RlfleetError
+from rlfleet.errors import DataError, InvalidRequest, RlfleetError
 from rlfleet.proto.v1 import learner_pb2
 from rlfleet.types import GroupResult, PayloadRef, TrainBatch
+from rlfleet.dataplane.columns import GroupColumns, columns_of
 from rlfleet.dataplane.flight import PayloadClient
 from rlfleet.dataplane.payload import TokenPayload
-from rlfleet.dataplane.staging import StagedGroup, staged_key
+from rlfleet.dataplane.staging import staged_key
 from rlfleet.dataplane.store import PayloadMissing, PayloadStore
 
 FETCH_THREADS = 16
@@ -39,60 +41,63 @@ def payload_keys(request: learner_pb2.TrainRequest) -> list[str]:
                               for s in request.samples if s.HasField("payload")))
 
 
-def fetch_into(request: learner_pb2.TrainRequest, client: PayloadClient,
-               staged: Container[str] = ()) -> list[tuple[str, list[str]]]:
-    """Fills the samples of `request` that name a payload not in `staged` (staging keys); returns
-    (address, request ids) fetched. PayloadMissing names what could not be fetched (released, or its
-    replica gone)."""
+def fetch_columns(request: learner_pb2.TrainRequest, client: PayloadClient, staged: Container[str] = ()
+                  ) -> tuple[list[tuple[str, list[str]]], dict[str, GroupColumns]]:
+    """The groups `request`'s samples name that are not in `staged` (staging keys), fetched from their
+    replicas, one fetch per replica, in parallel: (address, request ids) fetched, and each group's
+    columns by staging key, checked as a staged put is (columns.py). PayloadMissing names what could
+    not be fetched (released, or its replica gone)."""
     wanted: dict[str, set[str]] = defaultdict(set)
     for s in request.samples:
         if s.HasField("payload") and staged_key(s.payload.address, s.payload.request_id) not in staged:
             wanted[s.payload.address].add(s.payload.request_id)
     if not wanted:
-        return []
+        return [], {}
     fetched = [(address, sorted(ids)) for address, ids in wanted.items()]
 
-    def fetch(item: tuple[str, list[str]]) -> dict[str, list[TokenPayload]]:
+    def fetch(item: tuple[str, list[str]]) -> dict[str, GroupColumns]:
         address, ids = item
         try:
-            return client.fetch(address, ids)
+            table = client.fetch_table(address, ids)
         except PayloadMissing:
             raise
         except RlfleetError as exc:  # the replica is gone: its groups are, for this step
             raise PayloadMissing(f"{len(ids)} group(s) at {address} could not be fetched: {exc}") from exc
+        try:
+            got = columns_of(table)
+        except DataError as exc:
+            raise InvalidRequest(f"the data plane at {address} served bad payloads: {exc}") from exc
+        absent = [rid for rid in ids if rid not in got]
+        if absent:
+            raise PayloadMissing(f"{len(absent)} group(s) at {address} were not served: {absent[:5]}")
+        return {staged_key(address, rid): got[rid] for rid in ids}
 
     with ThreadPoolExecutor(max_workers=min(FETCH_THREADS, len(fetched))) as pool:
-        groups = {rid: payloads for got in pool.map(fetch, fetched) for rid, payloads in got.items()}
-    for s in request.samples:
-        if s.HasField("payload") and staged_key(s.payload.address, s.payload.request_id) not in staged:
-            payloads = groups[s.payload.request_id]
-            if s.payload.sample >= len(payloads):
-                raise PayloadMissing(f"group {s.payload.request_id} at {s.payload.address} has "
-                                     f"{len(payloads)} samples, sample {s.payload.sample} was asked")
-            p = payloads[s.payload.sample]
-            s.response_ids.extend(p.token_ids)
-            s.behaviour_logprobs.extend(p.logprobs)
-            s.ClearField("payload")
-    return fetched
+        groups = {key: columns for got in pool.map(fetch, fetched) for key, columns in got.items()}
+    return fetched, groups
 
 
-def fill_staged(batch: TrainBatch, staged: dict[str, StagedGroup], vocab_size: int | None) -> TrainBatch:
-    """`batch` (converted from a request fetch_into filled) with the samples whose group is staged given
-    their ids and log-probs from the staging store: lists converted and checked on arrival, so nothing
-    is fetched or converted here; the ids' range is checked against the learner's vocabulary."""
-    if not staged:
+def fill_payloads(batch: TrainBatch, groups: Mapping[str, GroupColumns],
+                  vocab_size: int | None) -> TrainBatch:
+    """`batch` with the samples that name a payload in `groups` (by staging key: staged, or fetched by
+    fetch_columns) given their ids and log-probs as views of their group's columns (int32, float32: the
+    learner builds its tensors from them, no list is made); their range is checked against the
+    learner's vocabulary here, the rest of their checks were made as they arrived."""
+    if not groups:
         return batch
     samples = []
     for i, s in enumerate(batch.samples):
-        group = staged.get(staged_key(s.payload.address, s.payload.request_id)) if s.payload else None
+        group = groups.get(staged_key(s.payload.address, s.payload.request_id)) if s.payload else None
         if group is None:
             samples.append(s)
             continue
         if vocab_size is not None and group.max_id >= vocab_size:
-            raise InvalidRequest(f"sample {i}: response_ids (staged) has token ids outside [0, {vocab_size})")
-        if s.payload.sample >= len(group.payloads):
-            raise PayloadMissing(f"group {s.payload.request_id} staged from {s.payload.address} has "
-                                 f"{len(group.payloads)} samples, sample {s.payload.sample} was asked")
-        p = group.payloads[s.payload.sample]
-        samples.append(replace(s, response_ids=p.token_ids, behaviour_logprobs=p.logprobs, payload=None))
+            raise InvalidRequest(f"sample {i}: response_ids (data plane) has token ids outside "
+                                 f"[0, {vocab_size})")
+        j = s.payload.sample
+        if j >= group.samples:
+            raise PayloadMissing(f"group {s.payload.request_id} from {s.payload.address} has "
+                                 f"{group.samples} samples, sample {j} was asked")
+        samples.append(replace(s, response_ids=group.response_ids(j),
+                               behaviour_logprobs=group.behaviour_logprobs(j), payload=None))
     return replace(batch, samples=samples)

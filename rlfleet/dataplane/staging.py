@@ -1,9 +1,11 @@
 """The learner's staging store (issue 44): the replicas push each group's payload here as soon as it
 is generated, so the learner holds the next batch before the Train call and a replica killed after
-that loses nothing. A pushed table is converted on arrival to what Learner.train takes (Python lists)
-and checked (lengths, ids >= 0, finite log-probs), off the Train call; the ids' largest value is kept
-for the vocabulary check at Train. Bounded: a put beyond `max_tokens` response tokens is refused
-(StagingFull), and those groups are fetched from their replicas at Train time as unstaged ones are.
+that loses nothing. A pushed table is split on arrival into each group's compact columns (columns.py:
+int32 ids, float32 log-probs, ~9 bytes a token; Python lists took ~74) and checked (lengths, ids >= 0,
+finite log-probs), off the Train call; each group's largest id is kept for the vocabulary check at
+Train, where the learner takes the columns as they are (plane.fill_payloads). Bounded: a put beyond
+`max_tokens` response tokens is refused (StagingFull), and those groups are fetched from their
+replicas at Train time as unstaged ones are.
 Groups no Train can take any more leave on their own (`advance`): pushed but never heard of by the
 controller (a stream cut after the group left the replica) or of a controller that restarted.
 
@@ -18,10 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from rlfleet.errors import DataError, RlfleetError
-from rlfleet.dataplane.payload import TokenPayload, from_table
+from rlfleet.errors import RlfleetError
+from rlfleet.dataplane.columns import GroupColumns, columns_of, no_samples
+from rlfleet.dataplane.payload import TokenPayload, to_table
 from rlfleet.dataplane.store import PayloadMissing, PayloadStore
 
 
@@ -44,10 +46,16 @@ class StagingFull(RlfleetError, MemoryError):
 
 @dataclass(frozen=True)
 class StagedGroup:
-    payloads: list[TokenPayload]
-    tokens: int
-    max_id: int  # the largest token id of the put it came in (checked against the vocabulary at Train)
+    columns: GroupColumns
     arrived: int | None = None  # the learner's policy version when it arrived (None: before it had one)
+
+    @property
+    def tokens(self) -> int:
+        return self.columns.tokens
+
+    @property
+    def max_id(self) -> int:  # the group's largest token id (checked against the vocabulary at Train)
+        return self.columns.max_id
 
 
 class StagingStore(PayloadStore):
@@ -85,24 +93,14 @@ class StagingStore(PayloadStore):
         """Stages the groups of a payload table (payload.SCHEMA) pushed by the replica whose data plane
         is at `replica`; returns how many. DataError: a table that is not one or holds bad values;
         StagingFull: it does not fit (nothing of it is kept)."""
-        ids, logprobs = table.column("token_ids"), table.column("logprobs")
-        if pc.any(pc.not_equal(pc.list_value_length(ids), pc.list_value_length(logprobs))).as_py():
-            raise DataError("a staged payload has a sample whose token ids and log-probs differ in number")
-        flat_ids, flat_lps = pc.list_flatten(ids), pc.list_flatten(logprobs)
-        if len(flat_lps) and not pc.all(pc.is_finite(flat_lps)).as_py():
-            raise DataError("a staged payload has log-probs that are not finite")
-        low_high = pc.min_max(flat_ids).as_py() if len(flat_ids) else {"min": 0, "max": 0}
-        if low_high["min"] < 0:
-            raise DataError("a staged payload has negative token ids")
-        groups = {staged_key(replica, rid): payloads for rid, payloads in from_table(table).items()}
-        sizes = {rid: sum(len(p.token_ids) for p in ps) for rid, ps in groups.items()}
+        groups = {staged_key(replica, rid): columns for rid, columns in columns_of(table).items()}
         with self._lock:
-            new = sum(n for rid, n in sizes.items() if rid not in self._groups)
+            new = sum(c.tokens for key, c in groups.items() if key not in self._groups)
             if self._tokens + new > self.max_tokens:
                 raise StagingFull(f"staging {new} tokens ({len(groups)} group(s)) would pass the learner's "
                                   f"learner.staging_max_tokens={self.max_tokens} ({self._tokens} held)")
-            for rid, payloads in groups.items():
-                self._put(rid, StagedGroup(payloads, sizes[rid], low_high["max"], self._version))
+            for key, columns in groups.items():
+                self._put(key, StagedGroup(columns, self._version))
         return len(groups)
 
     def _put(self, rid: str, group: StagedGroup) -> None:
@@ -111,10 +109,10 @@ class StagingStore(PayloadStore):
         self._groups[rid] = group
 
     def put(self, request_id: str, payloads: list[TokenPayload]) -> None:
+        """Stages one group under its key (staged_key) as given, checked as a put_table's are."""
+        columns = columns_of(to_table({request_id: payloads})).get(request_id) or no_samples()
         with self._lock:
-            self._put(request_id, StagedGroup(payloads, sum(len(p.token_ids) for p in payloads),
-                                              max((max(p.token_ids, default=0) for p in payloads), default=0),
-                                              self._version))
+            self._put(request_id, StagedGroup(columns, self._version))
 
     def staged(self, request_ids: Iterable[str]) -> dict[str, StagedGroup]:
         """Those of `request_ids` (staged_key's) staged here; the others are not named."""
@@ -127,7 +125,7 @@ class StagingStore(PayloadStore):
         missing = [rid for rid in ids if rid not in found]
         if missing:
             raise PayloadMissing(f"{len(missing)} group(s) not staged here: {missing[:5]}")
-        return {rid: found[rid].payloads for rid in ids}
+        return {rid: found[rid].columns.payloads() for rid in ids}
 
     def release(self, request_ids: Iterable[str]) -> int:
         with self._lock:

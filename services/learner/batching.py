@@ -1,7 +1,6 @@
 """Turns TrainSamples into padded micro-batches that fit a token budget."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +9,7 @@ import torch
 from rlfleet.errors import InvalidRequest, RequestTooLarge
 from rlfleet.sample_checks import check_sample_shape
 from rlfleet.types import TrainSample
+from services.learner.flatten import flat, loss_masks
 from services.learner.packing import PackedLayout
 from services.learner.packing import pack as pack_layout
 
@@ -72,16 +72,12 @@ def split_mini_batches(samples: list[TrainSample], count: int) -> list[list[Trai
     return chunks
 
 
-def _flat(lists, dtype) -> np.ndarray:
-    """The concatenation of Python lists as one array (one pass, no per-sample tensors)."""
-    return np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype)
-
-
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack: bool = False) -> MicroBatch:
     """Padded rows; with ``pack`` also the packed layout the model then runs on (packing.py).
 
     Built with whole-array numpy indexing: a per-sample loop of small tensors took ~1/10 of a GPU
-    step's time on the host for 512 samples, with the GPU idle meanwhile (bench/RESULTS.md)."""
+    step's time on the host for 512 samples, with the GPU idle meanwhile (bench/RESULTS.md). The
+    response ids and log-probs may be lists or the data plane's numpy columns (flatten.py)."""
     prompt_len = np.array([len(s.prompt_ids) for s in samples], dtype=np.int64)
     response_len = np.array([len(s.response_ids) for s in samples], dtype=np.int64)
     lengths = prompt_len + response_len
@@ -89,7 +85,7 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack:
     # every token's (row, column): rows in order, each row from column 0
     rows = np.repeat(np.arange(B), lengths)
     cols = np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    tokens = _flat((itertools.chain(s.prompt_ids, s.response_ids) for s in samples), np.int64)
+    tokens = flat((seq for s in samples for seq in (s.prompt_ids, s.response_ids)), np.int64)
     input_ids = np.full((B, L), pad_id, dtype=np.int64)
     input_ids[rows, cols] = tokens
     attention = np.zeros((B, L), dtype=np.int64)
@@ -100,10 +96,9 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device, pack:
     r_cols = (np.arange(r_rows.size) - np.repeat(np.cumsum(response_len) - response_len, response_len)
               + np.repeat(prompt_len - 1, response_len))
     response_mask = np.zeros((B, L - 1), dtype=np.float32)
-    response_mask[r_rows, r_cols] = _flat((s.loss_mask or itertools.repeat(1.0, len(s.response_ids))
-                                           for s in samples), np.float32)
+    response_mask[r_rows, r_cols] = flat(loss_masks(samples, np.float32), np.float32)
     behaviour = np.zeros((B, L - 1), dtype=np.float32)
-    behaviour[r_rows, r_cols] = _flat((s.behaviour_logprobs for s in samples), np.float32)
+    behaviour[r_rows, r_cols] = flat((s.behaviour_logprobs for s in samples), np.float32)
     ids = torch.from_numpy(input_ids)
     return MicroBatch(
         input_ids_B_L=ids.to(device), attention_mask_B_L=torch.from_numpy(attention).to(device),

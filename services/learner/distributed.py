@@ -25,12 +25,14 @@ from enum import IntEnum
 from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from rlfleet.errors import Busy, RlfleetError, VersionMismatch, WeightSyncError
 from rlfleet.types import TrainBatch, TrainResult, TrainSample
 from services.learner.batching import validate_samples
+from services.learner.flatten import flat, loss_masks
 
 _HEADER = 6
 
@@ -123,10 +125,10 @@ def send_batch(world: LearnerWorld, batch: TrainBatch) -> None:
     samples = batch.samples
     lengths = torch.tensor([[len(s.prompt_ids), len(s.response_ids), s.generation_version] for s in samples],
                            dtype=torch.int64)
-    ids = torch.tensor([t for s in samples for t in (*s.prompt_ids, *s.response_ids)], dtype=torch.int64)
-    logprobs = torch.tensor([x for s in samples for x in s.behaviour_logprobs], dtype=torch.float64)
-    masks = torch.tensor([m for s in samples for m in (s.loss_mask or [1] * len(s.response_ids))],
-                         dtype=torch.int64)
+    # lists or the data plane's numpy columns (services/learner/flatten.py): one array each
+    ids = torch.from_numpy(flat((seq for s in samples for seq in (s.prompt_ids, s.response_ids)), np.int64))
+    logprobs = torch.from_numpy(flat((s.behaviour_logprobs for s in samples), np.float64))
+    masks = torch.from_numpy(flat(loss_masks(samples, np.int64), np.int64))
     floats = torch.tensor([batch.temperature] + [v for s in samples for v in (s.advantage, s.reward)],
                           dtype=torch.float64)
     send_command(world, Op.TRAIN, batch.step, batch.expected_version, len(samples), ids.numel(),

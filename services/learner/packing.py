@@ -11,13 +11,13 @@ state predicts the same target.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rlfleet.types import TrainSample
+from services.learner.flatten import flat
 
 
 @dataclass
@@ -74,8 +74,7 @@ def pack(samples: list[TrainSample], pad_id: int, device: torch.device, tokens: 
     if lengths is None:
         lengths = np.array([_length(s) for s in samples], dtype=np.int64)
     if tokens is None:
-        tokens = np.fromiter(itertools.chain.from_iterable(itertools.chain(s.prompt_ids, s.response_ids)
-                                                           for s in samples), dtype=np.int64)
+        tokens = flat((seq for s in samples for seq in (s.prompt_ids, s.response_ids)), np.int64)
     rows = assign_rows([int(n) for n in lengths])
     R, C = len(rows), int(lengths.max())
     row_of = np.empty(len(samples), dtype=np.int64)

@@ -9,7 +9,7 @@ import structlog
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.dataplane.flight import PayloadClient
-from rlfleet.dataplane.plane import fetch_into, fill_staged, payload_keys
+from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys
 from rlfleet.dataplane.release import BackgroundReleases
 from rlfleet.dataplane.staging import StagingStore, replica_of
 from rlfleet.errors import NotReady
@@ -92,15 +92,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     def Train(self, request, context):
         learner = self._ready()
         self.weight_ops.refuse_while_held("Train")
-        # controller.data_plane=flight: the ids and log-probs are staged here or fetched from the replicas
+        # controller.data_plane=flight: the ids and log-probs are staged here or fetched from the replicas,
+        # each group as columns (rlfleet/dataplane/columns.py) the learner builds its tensors from
         staged = self.staging.staged(payload_keys(request)) if self.staging is not None else {}
-        fetched = fetch_into(request, self.payloads, staged) if self.payloads is not None else []
+        fetched, groups = ([], {}) if self.payloads is None else fetch_columns(request, self.payloads, staged)
         if fetched or staged:
             log.info("data plane resolved", staged=len(staged), fetched=sum(len(ids) for _, ids in fetched),
                      replicas=len(fetched))
         vocab = _vocab_size(learner)
         validate.train(request, self.limits, vocab)
-        batch = fill_staged(convert.train_batch_from_proto(request), staged, vocab)
+        groups.update((key, group.columns) for key, group in staged.items())
+        batch = fill_payloads(convert.train_batch_from_proto(request), groups, vocab)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         # a learner restarted before its checkpoint replays the batch: the replicas keep their copies

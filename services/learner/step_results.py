@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from array import array
 from collections import OrderedDict
 from dataclasses import replace
+
+import numpy as np
 
 from rlfleet.types import TrainBatch, TrainResult
 
@@ -31,9 +32,11 @@ def fingerprint(batch: TrainBatch) -> bytes:
     for s in batch.samples:
         digest.update(struct.pack("<qqqdd", len(s.prompt_ids), len(s.response_ids), s.generation_version,
                                   s.advantage, s.reward))
-        digest.update(array("q", s.prompt_ids).tobytes())
-        digest.update(array("q", s.response_ids).tobytes())
-        digest.update(array("d", s.behaviour_logprobs).tobytes())
+        # int64 / float64 whatever the form (lists, or the data plane's int32 / float32 columns): the same
+        # bytes for the same values, so a retry is recognised whichever path brought it
+        digest.update(np.asarray(s.prompt_ids, np.int64).tobytes())
+        digest.update(np.asarray(s.response_ids, np.int64).tobytes())
+        digest.update(np.asarray(s.behaviour_logprobs, np.float64).tobytes())
     return digest.digest()
 
 

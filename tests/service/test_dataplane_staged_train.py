@@ -202,7 +202,7 @@ def test_a_sample_that_names_a_payload_and_carries_tokens_is_refused(plane):
     sample = learner_pb2.TrainSample(prompt_ids=[6, 7], response_ids=[9], behaviour_logprobs=[-1.0],
                                      advantage=1.0, payload=learner_pb2.PayloadRef(address="10.0.0.1:1",
                                                                                  request_id="p0-s0"))
-    staged = {staged_key("10.0.0.1:1", "p0-s0")}  # as if staged: fetch_into leaves it, validate sees it
+    staged = {staged_key("10.0.0.1:1", "p0-s0")}  # as if staged: fetch_columns leaves it, validate sees it
     p.staging.store.put_table(to_table({"p0-s0": [TokenPayload([9], [-1.0], 0)]}), "10.0.0.1:1")
     assert set(p.staging.store.held()) == staged
     request = learner_pb2.TrainRequest(step=1, samples=[sample], temperature=1.0, expected_version=0)

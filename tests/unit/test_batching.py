@@ -1,12 +1,16 @@
 """Micro-batching for the learner: token-budget packing, collate alignment, validation."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 import torch
 
 from rlfleet.errors import InvalidRequest, RequestTooLarge
-from rlfleet.types import TrainSample
+from rlfleet.types import TrainBatch, TrainSample
 from services.learner.batching import collate, split_by_token_budget, validate_samples
+from services.learner.step_results import fingerprint
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +114,25 @@ def test_validate_rejects_too_long_sample():
         validate_samples([sample(4, 3)], max_seq_len=6)
     assert issubclass(RequestTooLarge, ValueError)
     assert RequestTooLarge.grpc_code == "RESOURCE_EXHAUSTED"
+
+
+def test_numpy_columns_build_the_same_tensors_and_fingerprint_as_lists():
+    """The data plane hands the learner each sample's ids and log-probs as numpy views (int32, float32:
+    rlfleet/dataplane/columns.py), the inline path as Python lists: the same micro-batch, bit for bit,
+    and the same step fingerprint (a retried Train is recognised whichever path it came by)."""
+    lists = [TrainSample([3, 4, 5], [6, 7, 8, 9], [-0.5, -0.25, -1.125, -3.0], 0.5, 1,
+                         loss_mask=[1, 0, 1, 1]),
+             TrainSample([3], [11, 12], [-0.75, -2.5], -1.0, 1, reward=1.0)]
+    columns = [replace(s, response_ids=np.asarray(s.response_ids, np.int32),
+                       behaviour_logprobs=np.asarray(s.behaviour_logprobs, np.float32)) for s in lists]
+    validate_samples(columns)
+    a = collate(lists, pad_id=0, device=torch.device("cpu"), pack=True)
+    b = collate(columns, pad_id=0, device=torch.device("cpu"), pack=True)
+    for field in ("input_ids_B_L", "attention_mask_B_L", "targets_B_T", "response_mask_B_T",
+                  "behaviour_logprobs_B_T", "advantages_B", "rewards_B"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+        assert getattr(a, field).dtype == getattr(b, field).dtype, field
+    for field in ("input_ids_R_C", "position_ids_R_C", "index_B_T"):
+        assert torch.equal(getattr(a.packed, field), getattr(b.packed, field)), field
+    assert a.num_tokens == b.num_tokens == 5
+    assert fingerprint(TrainBatch(1, lists, 1.0, 0)) == fingerprint(TrainBatch(1, columns, 1.0, 0))

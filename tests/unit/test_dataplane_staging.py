@@ -1,16 +1,18 @@
 """The learner's staging store (rlfleet/dataplane/staging.py) and the Train batch it fills
-(rlfleet/dataplane/plane.py fill_staged), with sizes counted by hand: what is staged is converted and
-checked on arrival, kept under its replica's address and request id, bounded in response tokens
-(beyond the bound a put is refused whole), and released by key."""
+(rlfleet/dataplane/plane.py fill_payloads), with sizes counted by hand: what is staged is split into
+each group's columns (int32 ids, float32 log-probs: rlfleet/dataplane/columns.py) and checked on
+arrival, kept under its replica's address and request id, bounded in response tokens (beyond the bound
+a put is refused whole), and released by key."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from rlfleet.dataplane.payload import SCHEMA, TokenPayload, to_table
-from rlfleet.dataplane.plane import fill_staged
+from rlfleet.dataplane.plane import fill_payloads
 from rlfleet.dataplane.staging import StagingFull, StagingStore, replica_of, staged_key
 from rlfleet.dataplane.store import PayloadMissing
 from rlfleet.errors import DataError, InvalidRequest
@@ -33,9 +35,11 @@ def test_a_put_is_converted_keyed_by_replica_and_counted():
     got = store.staged([staged_key(A, "p0-s0"), staged_key(B, "p0-s0")])  # B never pushed p0-s0
     assert list(got) == [staged_key(A, "p0-s0")]
     group = got[staged_key(A, "p0-s0")]
-    assert group.payloads == GROUPS["p0-s0"] and group.tokens == 5
-    assert group.max_id == 9  # the largest id of the put
-    assert type(group.payloads[0].token_ids) is list  # the form Learner.train takes
+    assert group.columns.payloads() == GROUPS["p0-s0"] and group.tokens == 5
+    assert group.columns.token_ids.dtype == np.int32  # columns, not Python lists: ~9 bytes a token
+    assert group.max_id == 9  # the group's largest id (checked against the vocabulary at Train)
+    assert store.staged([staged_key(A, "p1-s1")])[staged_key(A, "p1-s1")].max_id == 4
+    assert store.get([staged_key(A, "p1-s1")]) == {staged_key(A, "p1-s1"): GROUPS["p1-s1"]}
     assert replica_of(staged_key(A, "p0-s0")) == (A, "p0-s0")
     # the same request id from another replica (a re-dispatched prompt) is another group
     store.put_table(to_table({"p1-s1": [TokenPayload([3, 3], [-1.0, -1.0], 2)]}), B)
@@ -83,31 +87,37 @@ def _sample(address: str, rid: str, i: int, advantage: float) -> TrainSample:
     return TrainSample([1, 2], [], [], advantage, 2, payload=PayloadRef(address, rid, i))
 
 
-def test_fill_staged_gives_staged_samples_their_tokens_and_leaves_the_rest():
+def _columns(staged: dict) -> dict:
+    return {key: group.columns for key, group in staged.items()}
+
+
+def test_fill_payloads_gives_staged_samples_their_columns_and_leaves_the_rest():
     store = StagingStore(max_tokens=100)
     store.put_table(to_table(GROUPS), A)
     inline = TrainSample([1, 2], [11], [-0.5], 1.0, 2)  # a sample that came with its tokens
-    fetched = TrainSample([1, 2], [12], [-0.75], 0.5, 2)  # filled by fetch_into (its ref cleared)
-    samples = [_sample(A, "p0-s0", 1, -1.0), inline, _sample(A, "p1-s1", 0, 2.0), fetched]
+    samples = [_sample(A, "p0-s0", 1, -1.0), inline, _sample(A, "p1-s1", 0, 2.0)]
     batch = TrainBatch(3, samples, 1.0, 2)
-    filled = fill_staged(batch, store.staged([staged_key(A, "p0-s0"), staged_key(A, "p1-s1")]), vocab_size=10)
-    assert [(s.response_ids, s.behaviour_logprobs, s.advantage, s.payload) for s in filled.samples] == [
-        ([8, 9], [-2.0, -0.125], -1.0, None), ([11], [-0.5], 1.0, None), ([4], [-3.0], 2.0, None),
-        ([12], [-0.75], 0.5, None)]
+    staged = store.staged([staged_key(A, "p0-s0"), staged_key(A, "p1-s1")])
+    filled = fill_payloads(batch, _columns(staged), vocab_size=10)
+    assert [(list(s.response_ids), list(s.behaviour_logprobs), s.advantage, s.payload)
+            for s in filled.samples] == [([8, 9], [-2.0, -0.125], -1.0, None), ([11], [-0.5], 1.0, None),
+                                         ([4], [-3.0], 2.0, None)]
+    first = filled.samples[0]  # the group's columns, no list made: what the learner builds tensors from
+    assert (first.response_ids.dtype, first.behaviour_logprobs.dtype) == (np.int32, np.float32)
     assert (filled.step, filled.expected_version) == (3, 2)
-    assert fill_staged(batch, {}, 10) is batch
+    assert fill_payloads(batch, {}, 10) is batch
 
 
-def test_fill_staged_names_ids_outside_the_vocabulary_and_a_missing_sample():
+def test_fill_payloads_names_ids_outside_the_vocabulary_and_a_missing_sample():
     store = StagingStore(max_tokens=100)
     store.put_table(to_table(GROUPS), A)
-    staged = store.staged([staged_key(A, "p0-s0")])
-    outside = r"sample 0: response_ids \(staged\) has token ids outside \[0, 9\)"
+    staged = _columns(store.staged([staged_key(A, "p0-s0")]))
+    outside = r"sample 0: response_ids \(data plane\) has token ids outside \[0, 9\)"
     with pytest.raises(InvalidRequest, match=outside):
-        fill_staged(TrainBatch(1, [_sample(A, "p0-s0", 0, 1.0)], 1.0, 0), staged, vocab_size=9)  # id 9
-    missing = f"group p0-s0 staged from {A} has 2 samples, sample 2 was asked"
+        fill_payloads(TrainBatch(1, [_sample(A, "p0-s0", 0, 1.0)], 1.0, 0), staged, vocab_size=9)  # id 9
+    missing = f"group p0-s0 from {A} has 2 samples, sample 2 was asked"
     with pytest.raises(PayloadMissing, match=missing):
-        fill_staged(TrainBatch(1, [_sample(A, "p0-s0", 2, 1.0)], 1.0, 0), staged, vocab_size=None)
+        fill_payloads(TrainBatch(1, [_sample(A, "p0-s0", 2, 1.0)], 1.0, 0), staged, vocab_size=None)
 
 
 def test_groups_no_step_can_train_any_more_are_forgotten():
