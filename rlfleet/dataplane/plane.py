@@ -4,8 +4,9 @@
 and returns the group without them, saying where they are, for the Generate stream to the controller.
 `fetch_columns` (the learner): fetches the groups a Train request's samples name from the replicas,
 one fetch per replica, in parallel, as each group's columns (columns.py), leaving out those the
-learner's staging store holds (staging.py); `fill_payloads` gives the converted batch's samples their
-ids and log-probs from either, as numpy views (no per-token Python).
+learner's staging store holds (staging.py); `payload_views` gives the Train request's samples their
+ids and log-probs from either, as numpy views (no per-token Python), for the conversion to make each
+sample with them.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import replace
 
 from rlfleet.errors import DataError, InvalidRequest, RlfleetError
 from rlfleet.proto.v1 import learner_pb2
-from rlfleet.types import GroupResult, PayloadRef, TrainBatch
+from rlfleet.types import GroupResult, PayloadRef
 from rlfleet.dataplane.columns import GroupColumns, columns_of
 from rlfleet.dataplane.flight import PayloadClient
 from rlfleet.dataplane.payload import TokenPayload
@@ -77,27 +78,32 @@ def fetch_columns(request: learner_pb2.TrainRequest, client: PayloadClient, stag
     return fetched, groups
 
 
-def fill_payloads(batch: TrainBatch, groups: Mapping[str, GroupColumns],
-                  vocab_size: int | None) -> TrainBatch:
-    """`batch` with the samples that name a payload in `groups` (by staging key: staged, or fetched by
-    fetch_columns) given their ids and log-probs as views of their group's columns (int32, float32: the
-    learner builds its tensors from them, no list is made); their range is checked against the
-    learner's vocabulary here, the rest of their checks were made as they arrived."""
+def payload_views(request: learner_pb2.TrainRequest, groups: Mapping[str, GroupColumns],
+                  vocab_size: int | None) -> tuple[list, list] | None:
+    """Per sample of `request`, its response ids and behaviour log-probs as views of its group's columns
+    (int32, float32) where it names a payload in `groups` (by staging key: staged, or fetched by
+    fetch_columns), else None; None when `groups` is empty. convert.train_batch_from_proto makes each
+    sample once with them (the learner builds its tensors from the views, no list is made). Their
+    range is checked against the learner's vocabulary here, the rest of their checks were made as
+    they arrived."""
     if not groups:
-        return batch
-    samples = []
-    for i, s in enumerate(batch.samples):
-        group = groups.get(staged_key(s.payload.address, s.payload.request_id)) if s.payload else None
+        return None
+    response_ids: list = []
+    logprobs: list = []
+    for i, s in enumerate(request.samples):
+        ref = s.payload if s.HasField("payload") else None
+        group = groups.get(staged_key(ref.address, ref.request_id)) if ref is not None else None
         if group is None:
-            samples.append(s)
+            response_ids.append(None)
+            logprobs.append(None)
             continue
         if vocab_size is not None and group.max_id >= vocab_size:
             raise InvalidRequest(f"sample {i}: response_ids (data plane) has token ids outside "
                                  f"[0, {vocab_size})")
-        j = s.payload.sample
+        j = ref.sample
         if j >= group.samples:
-            raise PayloadMissing(f"group {s.payload.request_id} from {s.payload.address} has "
+            raise PayloadMissing(f"group {ref.request_id} from {ref.address} has "
                                  f"{group.samples} samples, sample {j} was asked")
-        samples.append(replace(s, response_ids=group.response_ids(j),
-                               behaviour_logprobs=group.behaviour_logprobs(j), payload=None))
-    return replace(batch, samples=samples)
+        response_ids.append(group.response_ids(j))
+        logprobs.append(group.behaviour_logprobs(j))
+    return response_ids, logprobs

@@ -9,7 +9,7 @@ import structlog
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.dataplane.flight import PayloadClient
-from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys
+from rlfleet.dataplane.plane import fetch_columns, payload_keys, payload_views
 from rlfleet.dataplane.release import BackgroundReleases
 from rlfleet.dataplane.staging import StagingStore, replica_of
 from rlfleet.errors import NotReady
@@ -100,9 +100,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             log.info("data plane resolved", staged=len(staged), fetched=sum(len(ids) for _, ids in fetched),
                      replicas=len(fetched))
         vocab = _vocab_size(learner)
-        validate.train(request, self.limits, vocab)
+        prompts = convert.train_prompts_from_proto(request)  # read once, for the checks and the samples
+        validate.train(request, self.limits, vocab, prompts)
         groups.update((key, group.columns) for key, group in staged.items())
-        batch = fill_payloads(convert.train_batch_from_proto(request), groups, vocab)
+        batch = convert.train_batch_from_proto(request, payload_views(request, groups, vocab), prompts)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         # a learner restarted before its checkpoint replays the batch: the replicas keep their copies

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer
-from rlfleet.dataplane.plane import fetch_columns, fill_payloads, hold
+from rlfleet.dataplane.plane import fetch_columns, hold, payload_views
 from rlfleet.dataplane.store import MemoryStore, PayloadMissing
 from rlfleet.errors import InvalidRequest
 from rlfleet.proto.v1 import learner_pb2
@@ -33,7 +33,7 @@ def _batch(groups: list[GroupResult]) -> learner_pb2.TrainRequest:
 
 def _learned(batch: TrainBatch) -> list[tuple]:
     """What the learner trains on of each sample: ids, the log-probs' float32 bits, the rest."""
-    return [(s.prompt_ids, [int(i) for i in s.response_ids],
+    return [([int(i) for i in s.prompt_ids], [int(i) for i in s.response_ids],
              np.asarray(s.behaviour_logprobs, np.float32).tobytes(), s.advantage, s.generation_version,
              s.payload) for s in batch.samples]
 
@@ -55,7 +55,7 @@ def test_held_groups_reach_the_learner_as_the_inline_request():
         fetched, groups = fetch_columns(request, PayloadClient(timeout_s=10))
         assert sorted(fetched) == sorted([(servers[0].address, ["p0-s0", "p2-s2"]),
                                           (servers[1].address, ["p1-s1"])])
-        batch = fill_payloads(train_batch_from_proto(request), groups, vocab_size=151_936)
+        batch = train_batch_from_proto(request, payload_views(request, groups, vocab_size=151_936))
         inline = train_batch_from_proto(_batch(made))  # float32 log-probs as Python floats
         assert _learned(batch) == _learned(inline)
         assert batch.samples[0].response_ids.dtype == np.int32  # columns: no Python list per token
