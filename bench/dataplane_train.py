@@ -47,7 +47,7 @@ from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.columns import columns_of  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
-from rlfleet.dataplane.plane import fetch_columns, payload_keys, payload_views  # noqa: E402
+from rlfleet.dataplane.plane import fetch_columns, payload_refs, payload_views  # noqa: E402
 from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
 from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
@@ -114,12 +114,13 @@ def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: lis
     def learner_side(staging: StagingStore | None) -> tuple[float, TrainBatch]:
         t = time.perf_counter()
         request = learner_pb2.TrainRequest.FromString(wire)
-        staged = staging.staged(payload_keys(request)) if staging is not None else {}
-        _, groups = fetch_columns(request, client, staged)
+        refs = payload_refs(request)
+        staged = staging.staged(refs.groups()) if staging is not None else {}
+        _, groups = fetch_columns(refs, client, staged)
         prompts = train_prompts_from_proto(request)
         validate.train(request, limits, VOCAB, prompts)
         groups.update((key, group.columns) for key, group in staged.items())
-        batch = train_batch_from_proto(request, payload_views(request, groups, VOCAB), prompts)
+        batch = train_batch_from_proto(request, payload_views(refs, groups, VOCAB), prompts)
         return time.perf_counter() - t, batch
 
     runs: dict[str, list[float]] = {"fetched": [], "staging_puts": [], "staged": [], "learner_collate": []}

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from rlfleet.dataplane.payload import SCHEMA, TokenPayload, to_table
-from rlfleet.dataplane.plane import payload_views
+from rlfleet.dataplane.plane import payload_refs, payload_views
 from rlfleet.dataplane.staging import StagingFull, StagingStore, replica_of, staged_key
 from rlfleet.dataplane.store import PayloadMissing
 from rlfleet.errors import DataError, InvalidRequest
@@ -95,7 +95,7 @@ def _columns(staged: dict) -> dict:
 def _filled(batch: TrainBatch, groups: dict, vocab_size: int | None) -> TrainBatch:
     """`batch` through the wire and the learner's conversion, the staged samples made with their views."""
     request = train_batch_to_proto(batch)
-    return train_batch_from_proto(request, payload_views(request, groups, vocab_size))
+    return train_batch_from_proto(request, payload_views(payload_refs(request), groups, vocab_size))
 
 
 def test_staged_samples_are_made_with_their_columns_and_the_rest_as_they_came():
@@ -113,7 +113,7 @@ def test_staged_samples_are_made_with_their_columns_and_the_rest_as_they_came():
     assert (first.response_ids.dtype, first.behaviour_logprobs.dtype) == (np.int32, np.float32)
     assert filled.samples[1] == inline  # Python lists, as it came
     assert (filled.step, filled.expected_version) == (3, 2)
-    assert payload_views(train_batch_to_proto(batch), {}, 10) is None
+    assert payload_views(payload_refs(train_batch_to_proto(batch)), {}, 10) is None
     unresolved = train_batch_from_proto(train_batch_to_proto(batch), None)  # the learner's data plane off
     assert unresolved.samples[0].payload == PayloadRef(A, "p0-s0", 1)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlfleet.dataplane.payload import TokenPayload, to_table
-from rlfleet.dataplane.plane import payload_views
+from rlfleet.dataplane.plane import payload_refs, payload_views
 from rlfleet.dataplane.staging import StagingStore, staged_key
 from rlfleet.rpc.convert import train_batch_from_proto, train_batch_to_proto
 from rlfleet.types import PayloadRef, TrainBatch, TrainSample
@@ -41,7 +41,7 @@ def batches() -> tuple[TrainBatch, TrainBatch]:
             for rid, j, adv, rew, mask in ROWS]
     request = train_batch_to_proto(TrainBatch(7, refs, 0.9, 6))
     groups = {key: g.columns for key, g in store.staged([staged_key(A, rid) for rid in GROUPS]).items()}
-    views = train_batch_from_proto(request, payload_views(request, groups, vocab_size=151_936))
+    views = train_batch_from_proto(request, payload_views(payload_refs(request), groups, vocab_size=151_936))
     inline = [TrainSample(PROMPTS[rid], list(GROUPS[rid][j].token_ids), list(GROUPS[rid][j].logprobs), adv, 2,
                           rew, mask) for rid, j, adv, rew, mask in ROWS]
     lists = train_batch_from_proto(train_batch_to_proto(TrainBatch(7, inline, 0.9, 6)))
