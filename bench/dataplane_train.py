@@ -14,10 +14,10 @@ against staged: the controller's request of references is parsed, then either ev
 from the R replicas as each group's columns (fetch_columns), or every group was pushed beforehand to the
 learner's staging store (rlfleet/dataplane/staging.py, over Flight, split into columns on arrival: timed
 apart, as the pushes run while the batch is still generated) and only its columns are picked up; the
-samples are given views of them (fill_payloads);
-then validate.train and the conversion to the TrainBatch as the servicer does. Then what the learner
-builds from that batch on the host (services/learner/batching.py: micro-batches of 16k tokens, collated to
-CPU tensors, packed), timed apart as `learner_collate_s`.
+samples are given views of them (payload_views); then validate.train and the conversion to the
+TrainBatch (each sample made once with its views) as the servicer does. Then what the learner builds
+from that batch on the host (services/learner/batching.py: micro-batches of 16k tokens, collated to CPU
+tensors, packed), timed apart as `learner_collate_s`.
 
 The staging store's memory per token held: the batch's tables (puts of 64 groups, as pushed) put into a
 fresh StagingStore, the tables then dropped; what the store still holds is the growth of Python's heap
@@ -47,13 +47,13 @@ from bench.fleetsim.gpu_model import GpuModel  # noqa: E402
 from rlfleet.dataplane.columns import columns_of  # noqa: E402
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer  # noqa: E402
 from rlfleet.dataplane.payload import TokenPayload, from_table, to_table  # noqa: E402
-from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys  # noqa: E402
+from rlfleet.dataplane.plane import fetch_columns, payload_refs, payload_views  # noqa: E402
 from rlfleet.dataplane.staging import StagingStore  # noqa: E402
 from rlfleet.dataplane.store import MemoryStore  # noqa: E402
 from rlfleet.proto.v1 import learner_pb2, rollout_pb2  # noqa: E402
 from rlfleet.rpc import validate  # noqa: E402
 from rlfleet.rpc.convert import (group_from_proto, group_to_proto, train_batch_from_proto,  # noqa: E402
-                                 train_batch_to_proto)
+                                 train_batch_to_proto, train_prompts_from_proto)
 from rlfleet.security_config import LimitsConfig  # noqa: E402
 from rlfleet.types import Completion, GroupResult, PayloadRef, TrainBatch, TrainSample  # noqa: E402
 from services.learner.batching import collate, split_by_token_budget  # noqa: E402
@@ -114,11 +114,13 @@ def train_call(groups: dict[str, list[TokenPayload]], replicas: int, prompt: lis
     def learner_side(staging: StagingStore | None) -> tuple[float, TrainBatch]:
         t = time.perf_counter()
         request = learner_pb2.TrainRequest.FromString(wire)
-        staged = staging.staged(payload_keys(request)) if staging is not None else {}
-        _, groups = fetch_columns(request, client, staged)
-        validate.train(request, limits, VOCAB)
+        refs = payload_refs(request)
+        staged = staging.staged(refs.groups()) if staging is not None else {}
+        _, groups = fetch_columns(refs, client, staged)
+        prompts = train_prompts_from_proto(request)
+        validate.train(request, limits, VOCAB, prompts)
         groups.update((key, group.columns) for key, group in staged.items())
-        batch = fill_payloads(train_batch_from_proto(request), groups, VOCAB)
+        batch = train_batch_from_proto(request, payload_views(refs, groups, VOCAB), prompts)
         return time.perf_counter() - t, batch
 
     runs: dict[str, list[float]] = {"fetched": [], "staging_puts": [], "staged": [], "learner_collate": []}

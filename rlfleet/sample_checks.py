@@ -21,9 +21,9 @@ class SampleTokens(Protocol):
 
 def check_sample_shape(i: int, s: SampleTokens) -> None:
     """Token lists present and one behaviour logprob per response token (a TrainSample or its proto)."""
-    if not s.prompt_ids:
+    if len(s.prompt_ids) == 0:  # len: the data plane hands the learner numpy views
         raise InvalidRequest(f"sample {i}: prompt_ids is empty")
-    if len(s.response_ids) == 0:  # len: the data plane hands the learner numpy arrays
+    if len(s.response_ids) == 0:
         raise InvalidRequest(f"sample {i}: response_ids is empty")
     if len(s.behaviour_logprobs) != len(s.response_ids):
         raise InvalidRequest(f"sample {i}: {len(s.behaviour_logprobs)} behaviour_logprobs for "

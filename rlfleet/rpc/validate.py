@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
+
 from rlfleet.errors import InvalidRequest, RequestTooLarge
+from rlfleet.rpc.convert import train_prompts_from_proto
 from rlfleet.sample_checks import check_sample_shape
 from rlfleet.security_config import LimitsConfig
 
@@ -106,8 +109,10 @@ def generate(request, limits: LimitsConfig) -> None:
         _host_port(request.payload_sink, "payload_sink")
 
 
-def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
-    """learner_pb2.TrainRequest."""
+def train(request, limits: LimitsConfig, vocab_size: int | None = None,
+          prompts: tuple[np.ndarray, list[int]] | None = None) -> None:
+    """learner_pb2.TrainRequest. `prompts`: its prompt ids as convert.train_prompts_from_proto reads
+    them (read here if not given)."""
     if not request.samples:
         raise InvalidRequest("train batch has no samples")
     _count(len(request.samples), limits.max_train_samples, "train samples", "max_train_samples")
@@ -120,19 +125,53 @@ def train(request, limits: LimitsConfig, vocab_size: int | None = None) -> None:
                              "0), got "
                              f"{got}: without it a retried Train could train twice")
     _temperature(request.temperature, "0 means 1.0")
+    if prompts is None:
+        prompts = train_prompts_from_proto(request)
+    if _samples_pass(request.samples, prompts, vocab_size):
+        return
+    # Something is wrong: the checks sample by sample, in order, name the first fault as they always did
     for i, s in enumerate(request.samples):
-        if s.HasField("payload"):  # staged at the learner (rlfleet/dataplane/staging.py): its tokens were
-            _staged_sample(i, s)  # checked on arrival, its shape is once filled (Learner.train)
-        else:
-            check_sample_shape(i, s)
-            _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
-            if not all(math.isfinite(x) for x in s.behaviour_logprobs):
-                raise InvalidRequest(f"sample {i}: behaviour_logprobs must be finite")
-        _ids(s.prompt_ids, f"sample {i}: prompt_ids", vocab_size)
-        _finite(s.advantage, f"sample {i}: advantage")
-        _finite(s.reward, f"sample {i}: reward")
-        if s.generation_version < 0:
-            raise InvalidRequest(f"sample {i}: generation_version must be >= 0, got {s.generation_version}")
+        _sample(i, s, vocab_size)
+
+
+def _samples_pass(samples, prompts: tuple[np.ndarray, list[int]], vocab_size: int | None) -> bool:
+    """Whether every sample passes _sample's checks, with whole-array operations where they are per
+    token or per sample (32k samples: ~0.1 s, against ~0.3 s sample by sample)."""
+    prompt_ids, starts = prompts
+    if np.any(np.diff(starts) == 0):
+        return False
+    if len(prompt_ids) and (prompt_ids.min() < 0 or (vocab_size is not None
+                                                    and prompt_ids.max() >= vocab_size)):
+        return False
+    for i, s in enumerate(samples):
+        if s.HasField("payload"):
+            if s.response_ids or s.behaviour_logprobs:
+                return False
+        else:  # its tokens came with it (not the data plane's path): checked as they always were
+            try:
+                _sample(i, s, vocab_size)
+            except InvalidRequest:
+                return False
+    n = len(samples)
+    advantages, rewards = (np.fromiter((getattr(s, name) for s in samples), np.float64, n)
+                           for name in ("advantage", "reward"))
+    versions = np.fromiter((s.generation_version for s in samples), np.int64, n)
+    return bool(np.isfinite(advantages).all() and np.isfinite(rewards).all() and (versions >= 0).all())
+
+
+def _sample(i: int, s, vocab_size: int | None) -> None:
+    if s.HasField("payload"):  # staged at the learner (rlfleet/dataplane/staging.py): its tokens were
+        _staged_sample(i, s)  # checked on arrival, its shape is once filled (Learner.train)
+    else:
+        check_sample_shape(i, s)
+        _ids(s.response_ids, f"sample {i}: response_ids", vocab_size)
+        if not all(math.isfinite(x) for x in s.behaviour_logprobs):
+            raise InvalidRequest(f"sample {i}: behaviour_logprobs must be finite")
+    _ids(s.prompt_ids, f"sample {i}: prompt_ids", vocab_size)
+    _finite(s.advantage, f"sample {i}: advantage")
+    _finite(s.reward, f"sample {i}: reward")
+    if s.generation_version < 0:
+        raise InvalidRequest(f"sample {i}: generation_version must be >= 0, got {s.generation_version}")
 
 
 def _staged_sample(i: int, s) -> None:

@@ -9,7 +9,7 @@ import structlog
 from rlfleet import types as t
 from rlfleet.checkpoint_files import DigestChecks
 from rlfleet.dataplane.flight import PayloadClient
-from rlfleet.dataplane.plane import fetch_columns, fill_payloads, payload_keys
+from rlfleet.dataplane.plane import fetch_columns, payload_refs, payload_views
 from rlfleet.dataplane.release import BackgroundReleases
 from rlfleet.dataplane.staging import StagingStore, replica_of
 from rlfleet.errors import NotReady
@@ -94,15 +94,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self.weight_ops.refuse_while_held("Train")
         # controller.data_plane=flight: the ids and log-probs are staged here or fetched from the replicas,
         # each group as columns (rlfleet/dataplane/columns.py) the learner builds its tensors from
-        staged = self.staging.staged(payload_keys(request)) if self.staging is not None else {}
-        fetched, groups = ([], {}) if self.payloads is None else fetch_columns(request, self.payloads, staged)
+        refs = payload_refs(request)
+        staged = self.staging.staged(refs.groups()) if self.staging is not None else {}
+        fetched, groups = ([], {}) if self.payloads is None else fetch_columns(refs, self.payloads, staged)
         if fetched or staged:
             log.info("data plane resolved", staged=len(staged), fetched=sum(len(ids) for _, ids in fetched),
                      replicas=len(fetched))
         vocab = _vocab_size(learner)
-        validate.train(request, self.limits, vocab)
+        prompts = convert.train_prompts_from_proto(request)  # read once, for the checks and the samples
+        validate.train(request, self.limits, vocab, prompts)
         groups.update((key, group.columns) for key, group in staged.items())
-        batch = fill_payloads(convert.train_batch_from_proto(request), groups, vocab)
+        batch = convert.train_batch_from_proto(request, payload_views(refs, groups, vocab), prompts)
         with self.metrics.queued(len(batch.samples)):
             result = self._ready().train(batch)
         # a learner restarted before its checkpoint replays the batch: the replicas keep their copies

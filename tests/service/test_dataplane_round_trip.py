@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlfleet.dataplane.flight import PayloadClient, PayloadServer
-from rlfleet.dataplane.plane import fetch_columns, fill_payloads, hold
+from rlfleet.dataplane.plane import fetch_columns, hold, payload_refs, payload_views
 from rlfleet.dataplane.store import MemoryStore, PayloadMissing
 from rlfleet.errors import InvalidRequest
 from rlfleet.proto.v1 import learner_pb2
@@ -33,7 +33,7 @@ def _batch(groups: list[GroupResult]) -> learner_pb2.TrainRequest:
 
 def _learned(batch: TrainBatch) -> list[tuple]:
     """What the learner trains on of each sample: ids, the log-probs' float32 bits, the rest."""
-    return [(s.prompt_ids, [int(i) for i in s.response_ids],
+    return [([int(i) for i in s.prompt_ids], [int(i) for i in s.response_ids],
              np.asarray(s.behaviour_logprobs, np.float32).tobytes(), s.advantage, s.generation_version,
              s.payload) for s in batch.samples]
 
@@ -52,10 +52,11 @@ def test_held_groups_reach_the_learner_as_the_inline_request():
         assert [c.response_tokens for g in received for c in g.completions] == [3] * 9
         assert received[1].completions[2].payload.address == servers[1].address
         request = _batch(received)
-        fetched, groups = fetch_columns(request, PayloadClient(timeout_s=10))
+        refs = payload_refs(request)
+        fetched, groups = fetch_columns(refs, PayloadClient(timeout_s=10))
         assert sorted(fetched) == sorted([(servers[0].address, ["p0-s0", "p2-s2"]),
                                           (servers[1].address, ["p1-s1"])])
-        batch = fill_payloads(train_batch_from_proto(request), groups, vocab_size=151_936)
+        batch = train_batch_from_proto(request, payload_views(refs, groups, vocab_size=151_936))
         inline = train_batch_from_proto(_batch(made))  # float32 log-probs as Python floats
         assert _learned(batch) == _learned(inline)
         assert batch.samples[0].response_ids.dtype == np.int32  # columns: no Python list per token
@@ -70,10 +71,10 @@ def test_a_group_released_or_a_replica_gone_is_named():
     received = [group_from_proto(group_to_proto(hold(_group("p0-s0", 1), store, server.address)))]
     store.release(["p0-s0"])
     with pytest.raises(PayloadMissing, match=r"not held here: \['p0-s0'\]"):
-        fetch_columns(_batch(received), PayloadClient(timeout_s=10))
+        fetch_columns(payload_refs(_batch(received)), PayloadClient(timeout_s=10))
     server.shutdown()
     with pytest.raises(PayloadMissing, match=f"1 group\\(s\\) at {server.address} could not be fetched"):
-        fetch_columns(_batch(received), PayloadClient(timeout_s=5))
+        fetch_columns(payload_refs(_batch(received)), PayloadClient(timeout_s=5))
 
 
 def test_a_replica_that_serves_bad_values_is_refused_as_a_staged_put_is():
@@ -84,6 +85,6 @@ def test_a_replica_that_serves_bad_values_is_refused_as_a_staged_put_is():
         received = [group_from_proto(group_to_proto(hold(group, store, server.address)))]
         with pytest.raises(InvalidRequest, match=f"the data plane at {server.address} served bad payloads: "
                                                  "a payload has log-probs that are not finite"):
-            fetch_columns(_batch(received), PayloadClient(timeout_s=10))
+            fetch_columns(payload_refs(_batch(received)), PayloadClient(timeout_s=10))
     finally:
         server.shutdown()

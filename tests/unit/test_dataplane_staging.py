@@ -1,8 +1,8 @@
 """The learner's staging store (rlfleet/dataplane/staging.py) and the Train batch it fills
-(rlfleet/dataplane/plane.py fill_payloads), with sizes counted by hand: what is staged is split into
-each group's columns (int32 ids, float32 log-probs: rlfleet/dataplane/columns.py) and checked on
-arrival, kept under its replica's address and request id, bounded in response tokens (beyond the bound
-a put is refused whole), and released by key."""
+(rlfleet/dataplane/plane.py payload_views, rlfleet/rpc/convert.py train_batch_from_proto), with sizes
+counted by hand: what is staged is split into each group's columns (int32 ids, float32 log-probs:
+rlfleet/dataplane/columns.py) and checked on arrival, kept under its replica's address and request id,
+bounded in response tokens (beyond the bound a put is refused whole), and released by key."""
 from __future__ import annotations
 
 import math
@@ -12,10 +12,11 @@ import pyarrow as pa
 import pytest
 
 from rlfleet.dataplane.payload import SCHEMA, TokenPayload, to_table
-from rlfleet.dataplane.plane import fill_payloads
+from rlfleet.dataplane.plane import payload_refs, payload_views
 from rlfleet.dataplane.staging import StagingFull, StagingStore, replica_of, staged_key
 from rlfleet.dataplane.store import PayloadMissing
 from rlfleet.errors import DataError, InvalidRequest
+from rlfleet.rpc.convert import train_batch_from_proto, train_batch_to_proto
 from rlfleet.types import PayloadRef, TrainBatch, TrainSample
 
 pytestmark = pytest.mark.unit
@@ -91,33 +92,42 @@ def _columns(staged: dict) -> dict:
     return {key: group.columns for key, group in staged.items()}
 
 
-def test_fill_payloads_gives_staged_samples_their_columns_and_leaves_the_rest():
+def _filled(batch: TrainBatch, groups: dict, vocab_size: int | None) -> TrainBatch:
+    """`batch` through the wire and the learner's conversion, the staged samples made with their views."""
+    request = train_batch_to_proto(batch)
+    return train_batch_from_proto(request, payload_views(payload_refs(request), groups, vocab_size))
+
+
+def test_staged_samples_are_made_with_their_columns_and_the_rest_as_they_came():
     store = StagingStore(max_tokens=100)
     store.put_table(to_table(GROUPS), A)
     inline = TrainSample([1, 2], [11], [-0.5], 1.0, 2)  # a sample that came with its tokens
     samples = [_sample(A, "p0-s0", 1, -1.0), inline, _sample(A, "p1-s1", 0, 2.0)]
     batch = TrainBatch(3, samples, 1.0, 2)
     staged = store.staged([staged_key(A, "p0-s0"), staged_key(A, "p1-s1")])
-    filled = fill_payloads(batch, _columns(staged), vocab_size=10)
-    assert [(list(s.response_ids), list(s.behaviour_logprobs), s.advantage, s.payload)
-            for s in filled.samples] == [([8, 9], [-2.0, -0.125], -1.0, None), ([11], [-0.5], 1.0, None),
-                                         ([4], [-3.0], 2.0, None)]
+    filled = _filled(batch, _columns(staged), vocab_size=10)
+    assert [(list(s.prompt_ids), list(s.response_ids), list(s.behaviour_logprobs), s.advantage, s.payload)
+            for s in filled.samples] == [([1, 2], [8, 9], [-2.0, -0.125], -1.0, None),
+                                         ([1, 2], [11], [-0.5], 1.0, None), ([1, 2], [4], [-3.0], 2.0, None)]
     first = filled.samples[0]  # the group's columns, no list made: what the learner builds tensors from
     assert (first.response_ids.dtype, first.behaviour_logprobs.dtype) == (np.int32, np.float32)
+    assert filled.samples[1] == inline  # Python lists, as it came
     assert (filled.step, filled.expected_version) == (3, 2)
-    assert fill_payloads(batch, {}, 10) is batch
+    assert payload_views(payload_refs(train_batch_to_proto(batch)), {}, 10) is None
+    unresolved = train_batch_from_proto(train_batch_to_proto(batch), None)  # the learner's data plane off
+    assert unresolved.samples[0].payload == PayloadRef(A, "p0-s0", 1)
 
 
-def test_fill_payloads_names_ids_outside_the_vocabulary_and_a_missing_sample():
+def test_payload_views_name_ids_outside_the_vocabulary_and_a_missing_sample():
     store = StagingStore(max_tokens=100)
     store.put_table(to_table(GROUPS), A)
     staged = _columns(store.staged([staged_key(A, "p0-s0")]))
     outside = r"sample 0: response_ids \(data plane\) has token ids outside \[0, 9\)"
     with pytest.raises(InvalidRequest, match=outside):
-        fill_payloads(TrainBatch(1, [_sample(A, "p0-s0", 0, 1.0)], 1.0, 0), staged, vocab_size=9)  # id 9
+        _filled(TrainBatch(1, [_sample(A, "p0-s0", 0, 1.0)], 1.0, 0), staged, vocab_size=9)  # id 9
     missing = f"group p0-s0 from {A} has 2 samples, sample 2 was asked"
     with pytest.raises(PayloadMissing, match=missing):
-        fill_payloads(TrainBatch(1, [_sample(A, "p0-s0", 2, 1.0)], 1.0, 0), staged, vocab_size=None)
+        _filled(TrainBatch(1, [_sample(A, "p0-s0", 2, 1.0)], 1.0, 0), staged, vocab_size=None)
 
 
 def test_groups_no_step_can_train_any_more_are_forgotten():
