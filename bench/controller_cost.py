@@ -137,12 +137,15 @@ def run_once(prompts: list[Prompt], wire: list[bytes], score_groups: int, step_g
         scored_items = iter(convert.score_results_from_proto(
             convert.reward_pb2.ScoreResponse.FromString(answers[call])))
         clock.lap("score response")
+        # as GenerationSide._score_batch: the groups, their `scored` lines in one write, then buffered
+        scored_groups = []
         for seq, g, (fixed, to_score) in zip(seqs, groups, split):
             results = [r if r is not None else next(scored_items) for r in fixed]
-            scored = ScoredGroup(seq, prompts[seq], g.completions, results, 1.0, 0.01,
-                                 replica="10.0.0.7:7000")
-            env_failed = sum(c.failed for c in g.completions)
-            journal.record("scored", seq=scored.seq, failed=scored.failed)
+            scored_groups.append(ScoredGroup(seq, prompts[seq], g.completions, results, 1.0, 0.01,
+                                             replica="10.0.0.7:7000"))
+        journal.record_all("scored", [{"seq": s.seq, "failed": s.failed} for s in scored_groups])
+        for scored in scored_groups:
+            env_failed = sum(c.failed for c in scored.completions)
             failed_items = scored.failed - env_failed  # noqa: F841 - the loop's counters
             heapq.heappush(buffer, (scored.version, scored.seq, scored))
         clock.lap("scored groups + journal")

@@ -4,10 +4,16 @@ field by field, by the plain protobuf constructors, and compared byte for byte."
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
+from controller.groups import ScoredGroup
+from controller.sample_builder import SampleBuilder
+from controller.step_metrics import step_metrics
 from rlfleet import types as t
+from rlfleet.algorithm import AlgorithmConfig
+from rlfleet.data.prompts import Prompt
 from rlfleet.proto.v1 import learner_pb2, reward_pb2
 from rlfleet.rpc import convert
 
@@ -84,3 +90,40 @@ def test_a_score_request_is_the_one_built_item_by_item():
                              extra_info_json='{"answer": 5}' if i.extra_info else "",
                              finish_reason=i.finish_reason) for i in items])
     assert convert.score_items_to_proto(items).SerializeToString() == expected.SerializeToString()
+
+
+def _scored_group(seq: int, scores: list[float], lengths: list[int]) -> ScoredGroup:
+    prompt = Prompt(seq, "p", [1, 2], "src", "gt")
+    completions = [t.Completion([5] * n, [-0.5] * n, "length" if n >= 8 else "stop", 3 - i % 2)
+                   for i, n in enumerate(lengths)]
+    results = [t.ScoreResult(f"r/{i}", s) for i, s in enumerate(scores)]
+    return ScoredGroup(seq, prompt, completions, results)
+
+
+def test_the_batch_pass_builds_the_samples_and_metrics_derived_by_hand():
+    # max_new_tokens 8, buffer 0.5 * 8 = 4 tokens from 4; penalty 1: length 6 -> -(6 - 4) / 4 = -0.5,
+    # length 8 -> -1, lengths <= 4 -> 0. Group 0: scores 1, 0 (lengths 2, 6) -> shaped 1, -0.5;
+    # mean 0.25, centred 0.75, -0.75, unbiased std sqrt(2 * 0.5625) = 1.0607 -> advantages +-0.7071.
+    # Group 1: scores 0.5, 0.5 (lengths 8, 3) -> shaped -0.5, 0.5 -> advantages +-0.7071 again.
+    builder = SampleBuilder(AlgorithmConfig(overlong_buffer_ratio=0.5, overlong_penalty=1.0), 8)
+    groups = [_scored_group(0, [1.0, 0.0], [2, 6]), _scored_group(1, [0.5, 0.5], [8, 3])]
+    samples, metrics = builder.build(groups)
+    assert [s.reward for s in samples] == [1.0, -0.5, -0.5, 0.5]
+    assert [s.advantage for s in samples] == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071], abs=1e-4)
+    assert [s.generation_version for s in samples] == [3, 2, 3, 2]
+    assert metrics["reward/shaped_mean"] == 0.125  # (1 - 0.5 - 0.5 + 0.5) / 4
+    assert metrics["reward/overlong_penalty_mean"] == -0.375  # (0 - 0.5 - 1 + 0) / 4
+    assert metrics["groups/trained"] == 2.0 and metrics["groups/no_signal"] == 0.0
+    m = step_metrics(1, 4, groups, samples, {}, dropped={}, wait_s=0.0, train_s=1.0, sync_s=0.0,
+                     step_s=2.0)
+    # rewards 1, 0, 0.5, 0.5: mean 0.5, population std sqrt((0.25 + 0.25) / 4) = 0.35355
+    assert m["reward/mean"] == 0.5 and m["reward/std"] == pytest.approx(0.353553, abs=1e-6)
+    assert m["response_length/mean"] == 4.75 and m["response_length/clip_ratio"] == 0.25  # one of 8
+    assert m["staleness/mean"] == 2.0 and m["staleness/max"] == 2.0  # each group's oldest is 2; trained at 4
+    assert m["perf/tokens_per_s"] == (4 * 2 + 19) / 2.0
+
+
+def test_a_negative_zero_score_trains_as_zero_without_a_buffer():
+    builder = SampleBuilder(AlgorithmConfig(overlong_buffer_ratio=0.0), 8)
+    samples, _ = builder.build([_scored_group(0, [-0.0, 1.0], [2, 3])])
+    assert math.copysign(1.0, samples[0].reward) == 1.0
