@@ -258,18 +258,24 @@ class GenerationSide:
         t0 = time.perf_counter()
         scored_items = iter(self.recovery.score(items) if items else [])
         elapsed = time.perf_counter() - t0
+        scored_groups = []
         for waiting, (fixed, to_score) in zip(batch, split):
             results = [r if r is not None else next(scored_items) for r in fixed]
             # The call's time shared by item count, so timing/reward_s (a sum over groups) stays the
             # time spent scoring.
-            scored = ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results, waiting.gen_s,
-                                 elapsed * len(to_score) / max(1, len(items)), replica=waiting.replica)
-            env_failed = sum(c.failed for c in waiting.completions)
-            self._note("scored", seq=scored.seq, failed=scored.failed)
-            with self._cond:
+            scored_groups.append(ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
+                                             waiting.gen_s, elapsed * len(to_score) / max(1, len(items)),
+                                             replica=waiting.replica))
+        # The batch's `scored` lines in one write (a line a group, as before: issue 44), before any of
+        # its groups can be trained; then all of them buffered under one hold of the lock
+        self._note_all("scored", [{"seq": g.seq, "failed": g.failed} for g in scored_groups])
+        with self._cond:
+            for scored in scored_groups:
+                env_failed = sum(c.failed for c in scored.completions)
                 self._failed["items"] += scored.failed - env_failed
-                self._failed["groups"] += bool(results) and scored.failed == len(results)
-                self._env_failed.update(c.env_failure for c in waiting.completions if c.failed)
+                self._failed["groups"] += bool(scored.results) and scored.failed == len(scored.results)
+                if env_failed:
+                    self._env_failed.update(c.env_failure for c in scored.completions if c.failed)
                 heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
 
     def buffered(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from rlfleet.advantages.group_lists import group_advantages
 from rlfleet.data.prompts import Prompt
-from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample
+from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample, assemble
 
 
 @dataclass
@@ -19,18 +19,25 @@ class ScoredGroup:
     reward_seconds: float = 0.0
     replica: str = ""  # address of the rollout replica that generated it
     failed: int = field(init=False)
+    # Worked out once: the loop asks for them several times a group (buffer, batch, samples, metrics)
+    _version: int | None = field(default=None, init=False, repr=False, compare=False)
+    _scored: list[tuple[Completion, float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.failed = sum(not r.ok for r in self.results)
+        self._scored = [(c, r.score) for c, r in zip(self.completions, self.results) if r.ok]
 
     @property
     def version(self) -> int:
         """The oldest policy version that produced any of its completions."""
-        return min(c.policy_version for c in self.completions)
+        if self._version is None:
+            self._version = min(c.policy_version for c in self.completions)
+        return self._version
 
     def scored(self) -> list[tuple[Completion, float]]:
-        """Completions with an obtained reward; failures are excluded, never scored 0."""
-        return [(c, r.score) for c, r in zip(self.completions, self.results) if r.ok]
+        """Completions with an obtained reward; failures are excluded, never scored 0. The same list
+        every call: not to be changed."""
+        return self._scored
 
     def train_samples(self, estimator: Callable[[list[float]], list[float]] | None = None,
                       rewards: list[float] | None = None) -> list[TrainSample]:
@@ -41,10 +48,13 @@ class ScoredGroup:
         if len(rewards) != len(kept):
             raise ValueError(f"{len(rewards)} rewards for {len(kept)} scored completions")
         advantages = (estimator(rewards) if estimator else group_advantages(rewards)) if kept else []
-        return [TrainSample(prompt_ids=context_prompt(self.prompt.prompt_ids, c), response_ids=c.token_ids,
-                            behaviour_logprobs=c.logprobs, advantage=float(a),
-                            generation_version=c.policy_version, reward=float(r), loss_mask=c.loss_mask,
-                            payload=c.payload)
+        prompt_ids = self.prompt.prompt_ids
+        # made by assemble, not the frozen __init__ (issue 44)
+        return [assemble(TrainSample, {
+                    "prompt_ids": context_prompt(prompt_ids, c),
+                    "response_ids": c.token_ids, "behaviour_logprobs": c.logprobs, "advantage": float(a),
+                    "generation_version": c.policy_version, "reward": float(r), "loss_mask": c.loss_mask,
+                    "payload": c.payload})
                 for (c, _), a, r in zip(kept, advantages, rewards) if c.response_tokens]
 
 
@@ -64,7 +74,9 @@ def item_id(request_id: str, index: int) -> str:
 
 
 def score_item(prompt: Prompt, c: Completion, item: str, response: str | None = None) -> ScoreItem:
-    """What the reward service is told of `c`: its text, or `response` (an episode's final turn)."""
-    return ScoreItem(id=item, data_source=prompt.data_source, prompt=prompt.text,
-                     response=c.text if response is None else response, ground_truth=prompt.ground_truth,
-                     extra_info=prompt.extra_info, finish_reason=c.finish_reason)
+    """What the reward service is told of `c`: its text, or `response` (an episode's final turn).
+    Made by assemble, not the frozen __init__ (issue 44: one an item)."""
+    return assemble(ScoreItem, {"id": item, "data_source": prompt.data_source, "prompt": prompt.text,
+                                "response": c.text if response is None else response,
+                                "ground_truth": prompt.ground_truth, "extra_info": prompt.extra_info,
+                                "finish_reason": c.finish_reason})

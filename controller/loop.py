@@ -13,6 +13,7 @@ is synchronous on-policy GRPO.
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 from collections import Counter, deque
@@ -451,10 +452,10 @@ class GRPOLoop(GenerationSide):
                        extra_info=prompt.extra_info)
 
     def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
-        limit = self.cfg.controller.samples_per_step
-        records = [self._sample_record(step, train_version, g, c, r)
-                   for g in groups for c, r in zip(g.completions, g.results)]
-        return records if limit is None else records[:limit]
+        # only the first controller.samples_per_step are made (all when None)
+        pairs = ((g, c, r) for g in groups for c, r in zip(g.completions, g.results))
+        return [self._sample_record(step, train_version, g, c, r)
+                for g, c, r in itertools.islice(pairs, self.cfg.controller.samples_per_step)]
 
     @staticmethod
     def _sample_record(step: int, train_version: int | None, g: ScoredGroup, c, r) -> dict:

@@ -12,7 +12,7 @@
 """
 from __future__ import annotations
 
-import statistics
+import math
 
 from controller.groups import ScoredGroup
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
@@ -48,7 +48,10 @@ class SampleBuilder:
         self.group_only = estimator.group is not None and estimator.token is None
 
     def shaped_rewards(self, group: ScoredGroup) -> list[float]:
-        """One reward per scored completion: the score plus the overlong penalty."""
+        """One reward per scored completion: the score plus the overlong penalty (none without a buffer:
+        the call is left out, the sum kept, so a -0.0 score is 0.0 either way)."""
+        if self.buffer_tokens <= 0:
+            return [score + 0.0 for _, score in group.scored()]
         return [score + overlong_penalty(shaped_length(c), self.max_new_tokens, self.buffer_tokens,
                                          self.algo.overlong_penalty)
                 for c, score in group.scored()]
@@ -66,18 +69,26 @@ class SampleBuilder:
         return None if self.algo.max_gen_batches == 0 else self.algo.max_gen_batches * batch_groups
 
     def build(self, groups: list[ScoredGroup]) -> tuple[list[TrainSample], dict[str, float]]:
+        """The batch's samples and their metrics, in one pass over the groups (each reward shaped once)."""
         samples: list[TrainSample] = []
         penalties: list[float] = []
+        shaped: list[float] = []  # the samples' rewards, for their mean
         flat = 0  # groups whose (shaped) rewards are all equal: zero advantages, nothing to learn
+        shaping = self.buffer_tokens > 0
         for g in groups:
             rewards = self.shaped_rewards(g)
-            penalties += [r - score for r, (_, score) in zip(rewards, g.scored())]
-            samples += g.train_samples(self.estimator, rewards)
+            if shaping:
+                penalties += [r - score for r, (_, score) in zip(rewards, g.scored())]
+            group_samples = g.train_samples(self.estimator, rewards)
+            samples += group_samples
+            shaped += [s.reward for s in group_samples]
             flat += all(r == rewards[0] for r in rewards)
-        metrics = {"reward/shaped_mean": statistics.fmean(s.reward for s in samples) if samples else 0.0,
+        # math.fsum / n: what statistics.fmean computes, without its generic checks
+        metrics = {"reward/shaped_mean": math.fsum(shaped) / len(shaped) if shaped else 0.0,
                    "groups/trained": float(len(groups))}
         if self.group_only:
             metrics["groups/no_signal"] = float(flat)
-        if self.buffer_tokens > 0:
-            metrics["reward/overlong_penalty_mean"] = statistics.fmean(penalties) if penalties else 0.0
+        if shaping:
+            metrics["reward/overlong_penalty_mean"] = (math.fsum(penalties) / len(penalties)
+                                                       if penalties else 0.0)
         return samples, metrics

@@ -5,8 +5,10 @@ Token payloads are plain lists of ints/floats so cores never depend on protobuf.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -193,3 +195,22 @@ class ServiceStatus:
     metrics_port: int = 0
     placement: str = ""  # a rollout's: rlfleet.devices.placement()
     payload_sink: str = ""  # a learner's on the data plane: its staging Flight server (host:port)
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+
+def assemble(cls: type[T], values: dict[str, Any]) -> T:
+    """An instance of the frozen dataclass `cls` with every field in `values`, made without its generated
+    __init__, which sets each field through object.__setattr__ (frozen): a 15-field Completion costs
+    ~2.3 us that way against ~0.6 us here, and the controller made several such objects per sample
+    (issue 44). For hot paths only; `values` must name every field (checked: a missing one would be
+    read from the class, and one with a default_factory has no class value)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in fields(cls))
+    if values.keys() != names:
+        raise TypeError(f"{cls.__name__}: fields {sorted(names ^ values.keys())} missing or unknown")
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj

@@ -10,7 +10,7 @@ controller's step.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections import namedtuple
 from typing import Any
 
@@ -22,7 +22,9 @@ STEP = "x-rlfleet-step"
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 random hex digits, as uuid4().hex[:16] gave, for ~5x less (no UUID object: ~0.4 us against
+    ~2 us, on every RPC the controller makes and every call a service takes; issue 44)."""
+    return os.urandom(8).hex()
 
 
 class _CallDetails(
