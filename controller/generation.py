@@ -38,23 +38,6 @@ class ScoredGroupInput:
     replica: str
 
 
-class StampedCondition(threading.Condition):
-    """A condition that remembers when it was last notified: a generation thread held back by the gate
-    counts its wait up to the notify that let it through, not up to its own wake-up, which is the
-    controller's latency (a thread waiting for the GIL among hundreds)."""
-
-    notified_at = 0.0
-
-    def notify_all(self) -> None:
-        self.notified_at = time.perf_counter()
-        super().notify_all()
-
-    def held_since(self, began: float) -> float:
-        """Seconds of a wait that began at `began` and just returned during which admission was held."""
-        woke = time.perf_counter()
-        return (self.notified_at if began <= self.notified_at <= woke else woke) - began
-
-
 class Leaving(Exception):
     """A member's generation thread ends: the member is leaving or left the fleet."""
 
@@ -68,33 +51,55 @@ class GenerationSide:
     prompts back when the member fails or leaves. State lives on the loop."""
 
     def _admit(self, member: Member) -> tuple[Dispatch, float]:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request and
-        the seconds it was held back (the staleness gate, a pause for an outage or a resync): the
-        rest of a free slot's wait is the controller's own admission latency (bench/fleetsim/measure.py).
-        Leaving when `member` takes no more work."""
-        held = 0.0
+        """Waits in the admission queue (controller/admission.py) until work is handed to `member`, in
+        the order the members asked; returns the request and the seconds it was held back (the
+        staleness gate, a pause for an outage or a resync): the rest of a free slot's wait is the
+        controller's own admission latency (bench/fleetsim/measure.py). Leaving when `member` takes no
+        more work."""
         with self._cond:
-            while not self.stop.is_set():
-                if not member.takes_work():
-                    raise Leaving(member.address)
-                paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
-                          or (self.env_outage is not None and self.env_outage.blocked()))
-                if self._requeue and not paused and self._env_admits():
-                    return self._requeue.popleft(), held  # already admitted; its slots are counted
-                limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not paused and self._env_admits():
-                    count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
-                    self._admitted += count
-                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
-                    for _ in range(count):
-                        dispatch.members.append((self._seq, self.source.next()))
-                        self._live[self._seq] = dispatch
-                        self._seq += 1
-                    return dispatch, held
-                began = time.perf_counter()
-                self._cond.wait(0.5)
-                held += self._cond.held_since(began)
-        raise Stopped("stopping")
+            waiter = self._admission.join(member)
+            try:
+                self._hand_out()
+                while waiter.work is None:
+                    if self.stop.is_set():
+                        raise Stopped("stopping")
+                    if not member.takes_work():
+                        raise Leaving(member.address)
+                    self._admission.rejoin(waiter)  # woken without work, yet it still waits
+                    self._admission.wait(waiter)
+                    if waiter.work is None and self._admission.is_first(waiter):
+                        self._hand_out()  # its poll: what changed without a notify (an outage's trial)
+                return waiter.work, waiter.held_s()
+            finally:
+                self._admission.leave(waiter)
+
+    def _hand_out(self) -> None:
+        """Hands work to the waiting members while admission allows (the loop's lock held): called by
+        whoever changed what admission allows, so that only the members given work wake up."""
+        if self.stop.is_set():
+            self._admission.dismiss_all()
+            return
+        self._admission.hand_out(self._next_work, Member.takes_work)
+
+    def _next_work(self) -> Dispatch | None:
+        """The next request the gate admits (a re-queued one first), or None while it admits none."""
+        paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                  or (self.env_outage is not None and self.env_outage.blocked()))
+        if paused:
+            return None
+        if self._requeue:
+            return self._requeue.popleft() if self._env_admits() else None  # its slots are counted
+        limit = self.gate.admission_limit(self._rollout_version)
+        if self._admitted >= limit or not self._env_admits():
+            return None
+        count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
+        self._admitted += count
+        dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
+        for _ in range(count):
+            dispatch.members.append((self._seq, self.source.next()))
+            self._live[self._seq] = dispatch
+            self._seq += 1
+        return dispatch
 
     def _env_admits(self) -> bool:
         """Whether the environment outage lets this request go (one request a trial: env_outage.py)."""
@@ -209,7 +214,7 @@ class GenerationSide:
         with self._cond:
             if self._error is None:
                 self._error = exc
-            self._cond.notify_all()
+            self._wake()
 
     def _score_forever(self) -> None:
         """Scores the generated groups waiting, all of them in one Score call (up to
@@ -235,7 +240,7 @@ class GenerationSide:
                 finally:
                     with self._cond:
                         self._scoring -= len(batch)
-                        self._cond.notify_all()
+                        self._wake()  # the training thread; a reward back lets admission go on
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it

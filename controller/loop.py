@@ -31,7 +31,8 @@ from controller.env_outage import env_outage_of
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
-from controller.generation import GenerationSide, ScoredGroupInput, StampedCondition
+from controller.admission import AdmissionQueue
+from controller.generation import GenerationSide, ScoredGroupInput
 from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
@@ -83,7 +84,10 @@ class GRPOLoop(GenerationSide):
         self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
                                cfg.learner.verify_weights)
         lock = threading.RLock()
-        self._cond = StampedCondition(lock)
+        self._cond = threading.Condition(lock)  # the training thread and recovery wait on it
+        # The generation threads wait in a queue of their own (same lock), each woken only when work
+        # is handed to it (controller/admission.py, issue 44).
+        self._admission: AdmissionQueue[Dispatch] = AdmissionQueue(lock)
         # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
         # of them, not every generation thread waiting for admission (N wake-ups per group, ~10 % of
         # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).
@@ -149,7 +153,10 @@ class GRPOLoop(GenerationSide):
             self.journal.record_all(event, rows)
 
     def _wake(self) -> None:
+        """Something admission or the training side waits on changed: work goes to the members waiting
+        for it (only they wake), and the threads waiting on the condition re-check."""
         with self._cond:
+            self._hand_out()
             self._cond.notify_all()
 
     def snapshot(self, step: int, version: int) -> ControllerState:
@@ -215,7 +222,7 @@ class GRPOLoop(GenerationSide):
                     batch.append(group)
                     continue
                 self._admitted -= 1
-                self._cond.notify_all()
+                self._wake()
         return batch, dropped
 
     def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
@@ -234,7 +241,7 @@ class GRPOLoop(GenerationSide):
             for g in groups:
                 if g.seq not in gone:
                     heapq.heappush(self._buffer, (g.version, g.seq, g))
-            self._cond.notify_all()
+            self._wake()
         return self._take_batch(version)
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
@@ -378,7 +385,7 @@ class GRPOLoop(GenerationSide):
                 sync_s = self.recovery.sync(result.policy_version)
                 with self._cond:
                     self._rollout_version = result.policy_version
-                    self._cond.notify_all()
+                    self._wake()
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
@@ -425,6 +432,7 @@ class GRPOLoop(GenerationSide):
             raise
         finally:
             self.stop.set()
+            self._wake()  # the members waiting for work stop waiting
             with self._cond:
                 for seq in sorted(self._live):  # the last controller state re-queues them on resume
                     self._note("requeued", seq=seq, reason="stopped")
