@@ -5,12 +5,11 @@ Before, every generation thread waited on one condition, and every notify (a sco
 group, a new version) woke all of them: each re-took the lock, re-checked the gate and waited again,
 O(N) wake-ups per notify and O(N^2) per step's burst of free slots at N replicas (issue 44). Now whoever
 changes what admission allows hands the work out itself, in the order the members asked, and wakes
-only the members it gave work to. Every method is called with the loop's lock held (the lock the
-waiters' conditions share).
+only the members it gave work to. Every method is called with the loop's lock held; a waiter is a
+member's task on the controller's event loop (controller/generation.py), woken thread-safely.
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,18 +18,18 @@ from typing import Generic, TypeVar
 Work = TypeVar("Work")
 
 # The first waiter re-checks admission this often: an environment outage's trial comes due with time,
-# not with a notify. The others only wake to see whether they must stop waiting (a safety net: a stop
-# or a leave also wakes them at once).
+# not with a notify. The others only look whether they must stop waiting (a safety net: a stop or a
+# leave also wakes them at once).
 HEAD_POLL_S = 0.5
 IDLE_POLL_S = 5.0
 
 
 class Waiter(Generic[Work]):
-    """A member waiting for work: `work` is set (and its condition notified) by whoever hands it out."""
+    """A member waiting for work: `work` is set (and `wake` called) by whoever hands it out."""
 
-    def __init__(self, member: object, lock: threading.RLock) -> None:
+    def __init__(self, member: object, wake: Callable[[], None]) -> None:
         self.member = member
-        self.ready = threading.Condition(lock)
+        self.wake = wake  # from any thread, with the lock held: the member's task looks again
         self.work: Work | None = None
         self.joined_at = time.perf_counter()
         self.handed_at = 0.0  # time.perf_counter() when the work was handed to it
@@ -38,23 +37,22 @@ class Waiter(Generic[Work]):
 
     def held_s(self) -> float:
         """Seconds it waited for admission: from asking until its work was handed out (not until its
-        thread woke up to take it, which is the controller's own latency)."""
+        task woke up to take it, which is the controller's own latency)."""
         return self.handed_at - self.joined_at
 
 
 class AdmissionQueue(Generic[Work]):
     """The members waiting for work, first come first served."""
 
-    def __init__(self, lock: threading.RLock) -> None:
-        self._lock = lock
+    def __init__(self) -> None:
         self._waiting: deque[Waiter[Work]] = deque()
-        self.wakeups = 0  # times a waiting member's thread woke up (a herd shows here)
+        self.wakeups = 0  # times a waiting member was woken (a herd would show here)
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def join(self, member: object) -> Waiter[Work]:
-        waiter: Waiter[Work] = Waiter(member, self._lock)
+    def join(self, member: object, wake: Callable[[], None]) -> Waiter[Work]:
+        waiter: Waiter[Work] = Waiter(member, wake)
         self._waiting.append(waiter)
         return waiter
 
@@ -71,7 +69,11 @@ class AdmissionQueue(Generic[Work]):
 
     def _take_off(self, waiter: Waiter[Work]) -> None:
         waiter.queued = False
-        waiter.ready.notify()
+        self._wake(waiter)
+
+    def _wake(self, waiter: Waiter[Work]) -> None:
+        self.wakeups += 1
+        waiter.wake()
 
     def hand_out(self, next_work: Callable[[], Work | None], takes_work: Callable[[object], bool]) -> int:
         """Hands work to the waiters in order while `next_work` has some; a waiter whose member takes
@@ -95,19 +97,13 @@ class AdmissionQueue(Generic[Work]):
             self._take_off(waiter)
             handed += 1
         if self._waiting and self._waiting[0] is not head:
-            self._waiting[0].ready.notify()  # the new first waiter takes over the polling
+            self._wake(self._waiting[0])  # the new first waiter takes over the polling
         return handed
 
     def dismiss_all(self) -> None:
         """Wakes every waiter without work (the loop stops)."""
         while self._waiting:
             self._take_off(self._waiting.popleft())
-
-    def wait(self, waiter: Waiter[Work]) -> None:
-        """Waits until `waiter` is handed work, dismissed, or its poll is due."""
-        first = bool(self._waiting) and self._waiting[0] is waiter
-        waiter.ready.wait(HEAD_POLL_S if first else IDLE_POLL_S)
-        self.wakeups += 1
 
     def is_first(self, waiter: Waiter[Work]) -> bool:
         return bool(self._waiting) and self._waiting[0] is waiter

@@ -1,27 +1,33 @@
-"""The generation side of the GRPO loop: one thread per member of the rollout fleet.
+"""The generation side of the GRPO loop: a task per member of the rollout fleet, all on one event loop.
 
-Each thread asks for work when its member is free (which spreads groups by load), streams the
-member's groups to the scoring threads, which score them off the generation thread (a slow or
-unreachable reward never stalls a rollout stream) and buffer them for the training side. A
-member that fails or leaves hands its prompts not yet returned back to the queue.
+Each member's task asks for work when its member is free (which spreads groups by load; admission is a
+FIFO hand-off, controller/admission.py), streams the member's groups (grpc.aio) to the scoring threads,
+which score them off the event loop (a slow or unreachable reward never stalls a rollout stream) and
+buffer them for the training side. A member that fails or leaves hands its prompts not yet returned
+back to the queue. One event loop rather than a thread per member (issue 44): at 256 replicas the
+threads' wake-ups (grpc's sync streams poll ten times a second) were the controller's own latency.
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import structlog
 
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
-from rlfleet.types import Completion, PromptRequest
+from rlfleet.types import Completion, GroupResult, PromptRequest
+from controller.admission import HEAD_POLL_S, IDLE_POLL_S
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
 from controller.state import Dispatch, sampling_seed
+from controller.stream_loop import blocking
 
 log = structlog.get_logger(__name__)
 
@@ -39,38 +45,56 @@ class ScoredGroupInput:
 
 
 class Leaving(Exception):
-    """A member's generation thread ends: the member is leaving or left the fleet."""
+    """A member's generation task ends: the member is leaving or left the fleet."""
 
 
 MAX_SCORING_THREADS = 8
 
 
 class GenerationSide:
-    """The generation side of GRPOLoop (controller/loop.py): a thread per fleet member asks for
-    work when the member is free, streams its groups to the scoring threads, and hands its
-    prompts back when the member fails or leaves. State lives on the loop."""
+    """The generation side of GRPOLoop (controller/loop.py): a task per fleet member (on one event
+    loop, self._streams) asks for work when the member is free, streams its groups to the scoring
+    threads, and hands its prompts back when the member fails or leaves. State lives on the loop."""
 
-    def _admit(self, member: Member) -> tuple[Dispatch, float]:
+    async def _admit(self, member: Member) -> tuple[Dispatch, float]:
         """Waits in the admission queue (controller/admission.py) until work is handed to `member`, in
         the order the members asked; returns the request and the seconds it was held back (the
         staleness gate, a pause for an outage or a resync): the rest of a free slot's wait is the
         controller's own admission latency (bench/fleetsim/measure.py). Leaving when `member` takes no
         more work."""
-        with self._cond:
-            waiter = self._admission.join(member)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # from any thread, the loop's lock held
             try:
-                self._hand_out()
-                while waiter.work is None:
+                loop.call_soon_threadsafe(woken.set)
+            except RuntimeError:  # the event loop closed (the run stopped): no task waits any more
+                pass
+
+        with self._cond:
+            waiter = self._admission.join(member, wake)
+            self._hand_out()
+        try:
+            while True:
+                with self._cond:
+                    if waiter.work is not None:
+                        return waiter.work, waiter.held_s()
                     if self.stop.is_set():
                         raise Stopped("stopping")
                     if not member.takes_work():
                         raise Leaving(member.address)
                     self._admission.rejoin(waiter)  # woken without work, yet it still waits
-                    self._admission.wait(waiter)
+                    first = self._admission.is_first(waiter)
+                    woken.clear()
+                try:
+                    await asyncio.wait_for(woken.wait(), HEAD_POLL_S if first else IDLE_POLL_S)
+                except TimeoutError:
+                    pass
+                with self._cond:
                     if waiter.work is None and self._admission.is_first(waiter):
                         self._hand_out()  # its poll: what changed without a notify (an outage's trial)
-                return waiter.work, waiter.held_s()
-            finally:
+        finally:
+            with self._cond:
                 self._admission.leave(waiter)
 
     def _hand_out(self) -> None:
@@ -122,10 +146,7 @@ class GenerationSide:
         if member.generating:
             return
         member.generating = True
-        thread = threading.Thread(target=self._generate_forever, args=(member,),
-                                  name=f"generation-{member.name}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        self._streams.submit(self._generate_forever(member))
         scorers = sum(t.name.startswith("scoring-") for t in self._threads)
         if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
             self._start_scoring(scorers)
@@ -135,12 +156,12 @@ class GenerationSide:
         self._threads.append(thread)
         thread.start()
 
-    def _generate_forever(self, member: Member) -> None:
+    async def _generate_forever(self, member: Member) -> None:
         rollout = member.client
         delay = RETRY_FIRST_S  # the wait after a stream that brought nothing back (_short_stream)
         try:
             while not self.stop.is_set():
-                dispatch, held_s = self._admit(member)
+                dispatch, held_s = await self._admit(member)
                 prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
@@ -152,7 +173,7 @@ class GenerationSide:
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:
-                    for group in rollout.generate(requests, params, self.payload_sink):
+                    async for group in self._stream(rollout, requests, params):
                         seq, prompt = pending.pop(group.request_id)
                         self.fleet.heard_from(member)
                         member.groups += 1
@@ -167,31 +188,44 @@ class GenerationSide:
                             self._scorable.notify()
                         started = time.perf_counter()
                     if pending:  # the stream ended OK but short: its missing prompts go to the next request
-                        delay = self._short_stream(member, dispatch, pending, len(prompts), delay)
+                        delay = await self._short_stream(member, dispatch, pending, len(prompts), delay)
                     else:
                         delay = RETRY_FIRST_S
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
                     if self.stop.is_set():  # the stream was cut by the loop's own exit
                         return
                     if member.joined or not member.takes_work():  # an elastic member leaves instead
-                        member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
-                                                                    "replica_left", exc)
+                        member.handed_back += await blocking(self.recovery.requeue, rollout, dispatch,
+                                                             pending, "replica_left", exc)
                         if member.state != LEAVING:  # it stopped answering (its pings), or broke
                             silent = isinstance(exc, PeerSilent)
-                            self.fleet.remove(member, "unreachable" if silent else "failed")
+                            await blocking(self.fleet.remove, member, "unreachable" if silent else "failed")
                         return
-                    if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
-                                                        gone=member.gone.is_set):
-                        return  # it rejoined after a restart: its new member's thread takes over
-        except (Stopped, Leaving):
+                    if not await blocking(self.recovery.rollout_failed, rollout, dispatch, pending, exc,
+                                          gone=member.gone.is_set):
+                        return  # it rejoined after a restart: its new member's task takes over
+        except (Stopped, Leaving, asyncio.CancelledError):  # cancelled: the run stops (StreamLoop.close)
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             self._fail(exc)
         finally:
-            self.fleet.thread_ended(member)
+            self.fleet.generation_ended(member)
 
-    def _short_stream(self, member: Member, dispatch: Dispatch, pending: dict[str, tuple[int, Prompt]],
-                      asked: int, delay: float) -> float:
+    async def _stream(self, rollout, requests: list[PromptRequest], params) -> AsyncIterator[GroupResult]:
+        """The member's Generate stream on the event loop; a client with only a blocking generate()
+        (an in-process fake in the unit tests) is read on a worker thread, a group at a time."""
+        if hasattr(rollout, "generate_async"):
+            async for group in rollout.generate_async(requests, params, self.payload_sink):
+                yield group
+            return
+        groups = iter(rollout.generate(requests, params, self.payload_sink))
+        end = object()
+        loop = asyncio.get_running_loop()
+        while (group := await loop.run_in_executor(None, next, groups, end)) is not end:
+            yield group
+
+    async def _short_stream(self, member: Member, dispatch: Dispatch, pending: dict[str, tuple[int, Prompt]],
+                            asked: int, delay: float) -> float:
         """A Generate stream ended without an error but without some of its groups (a replica whose
         engine stopped mid-request, a third-party rollout): the missing prompts are re-queued at once
         (journal `requeued`, reason `stream_ended_short`), as for a failed stream. Before, they stayed
@@ -201,14 +235,22 @@ class GenerationSide:
         missing = len(pending)
         error = RlfleetError(f"rollout replica {member.address}: the Generate stream ended OK with "
                              f"{missing} of {asked} groups missing")
-        handed = self.recovery.requeue(member.client, dispatch, pending, "stream_ended_short", error)
+        handed = await blocking(self.recovery.requeue, member.client, dispatch, pending,
+                                "stream_ended_short", error)
         if member.state == LEAVING:  # counted as handed back in its `left` journal line
             member.handed_back += handed
         if missing < asked:
             return RETRY_FIRST_S
-        if self.stop.wait(delay):
+        await asyncio.sleep(delay)  # cancelled if the run stops meanwhile (StreamLoop.close)
+        if self.stop.is_set():
             raise Stopped("stopping")
         return min(delay * 2, RETRY_MAX_S)
+
+    async def _close_streams(self) -> None:
+        """The members' asyncio channels, closed on the event loop as the run stops."""
+        for member in self.fleet.members():
+            if hasattr(member.client, "close_streams"):
+                await member.client.close_streams()
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:

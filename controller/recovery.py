@@ -131,7 +131,7 @@ class Recovery:
         loop = self.loop
         left = [(seq, prompt) for seq, prompt in dispatch.members
                 if any(s == seq for s, _ in pending.values())]
-        # Journalled before the prompts become visible to the other generation threads: the journal
+        # Journalled before the prompts become visible to the other generation tasks: the journal
         # must show a requeue before the dispatch to another replica that follows it.
         for seq, _ in left:
             loop._note("requeued", seq=seq, reason=reason, replica=rollout.address)

@@ -79,28 +79,26 @@ def fleet_loop(tmp_path, replicas: int) -> GRPOLoop:
 
 
 class Waiting:
-    """Each member asks for work on a thread of its own, as its generation thread does."""
+    """Each member asks for work in a task of its own on the loop's event loop, as its generation task
+    does."""
 
     def __init__(self, loop: GRPOLoop) -> None:
         self.loop = loop
         self.admitted: list[str] = []  # member names in the order they got work
         self.ended: dict[str, str] = {}  # member name -> why it stopped waiting without work
-        self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
 
     def ask(self, member) -> None:
-        def admit() -> None:
+        async def admit() -> None:
             try:
-                self.loop._admit(member)
+                await self.loop._admit(member)
                 with self.lock:
                     self.admitted.append(member.name)
             except (Stopped, Leaving) as exc:
                 with self.lock:
                     self.ended[member.name] = type(exc).__name__
 
-        thread = threading.Thread(target=admit, daemon=True)
-        self.threads.append(thread)
-        thread.start()
+        self.loop._streams.submit(admit())
 
     def free_slot(self) -> None:
         """What the training thread does when it drops a group: a slot given back, the waiters told."""
@@ -111,8 +109,8 @@ class Waiting:
     def stop(self) -> None:
         self.loop.stop.set()
         self.loop._wake()
-        for thread in self.threads:
-            thread.join(DEADLINE_S)
+        wait_for(lambda: self.loop._streams.tasks() == 0, "every waiting member to stop waiting")
+        self.loop._streams.close()
         self.loop.journal.close()
         self.loop.writer.close()
 
@@ -136,6 +134,8 @@ def test_a_freed_slot_wakes_the_member_it_goes_to_not_every_waiting_member(tmp_p
         # per freed slot: 16 freed among 32..17 waiting is ~400.
         assert checks <= 4 * freed + 4 * elapsed + 8, (checks, elapsed)
         assert len(waiting.admitted) == freed
+        # each freed slot woke the member it went to and the new first waiter; nobody else
+        assert loop._admission.wakeups <= 2 * freed, loop._admission.wakeups
     finally:
         waiting.stop()
     assert set(waiting.ended.values()) == {"Stopped"} and len(waiting.ended) == members_n - freed
@@ -177,7 +177,8 @@ def test_a_member_that_leaves_stops_waiting_and_the_others_keep_their_turn(tmp_p
 
 def test_held_ends_when_the_work_is_handed_out_not_when_the_waiter_wakes():
     lock = threading.RLock()
-    queue: AdmissionQueue[str] = AdmissionQueue(lock)
+    queue: AdmissionQueue[str] = AdmissionQueue()
+    woken = threading.Event()
     handed: list[float] = []
 
     def hand_out_later() -> None:
@@ -185,15 +186,16 @@ def test_held_ends_when_the_work_is_handed_out_not_when_the_waiter_wakes():
         with lock:
             queue.hand_out(lambda: None if handed else "work", lambda member: True)
             handed.append(time.perf_counter())
-            time.sleep(0.1)  # the waiter cannot wake before the lock is let go: 0.1 s of its own latency
+            time.sleep(0.1)  # the waiter cannot take its work before the lock is let go: its own latency
 
     with lock:
-        waiter = queue.join("member")
-        threading.Thread(target=hand_out_later, daemon=True).start()
-        while waiter.work is None:
-            queue.wait(waiter)
+        waiter = queue.join("member", woken.set)
+    threading.Thread(target=hand_out_later, daemon=True).start()
+    assert woken.wait(DEADLINE_S)
+    with lock:
         woke = time.perf_counter()
-    assert waiter.work == "work" and len(queue) == 0
+        assert waiter.work == "work" and len(queue) == 0
     held = waiter.held_s()
     assert held >= 0.2 and waiter.joined_at + held <= handed[0]
     assert woke - (waiter.joined_at + held) >= 0.1
+    assert queue.wakeups == 1
