@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 Work = TypeVar("Work")
 
@@ -25,11 +25,12 @@ IDLE_POLL_S = 5.0
 
 
 class Waiter(Generic[Work]):
-    """A member waiting for work: `work` is set (and `wake` called) by whoever hands it out."""
+    """A member waiting for work: `work` is set by whoever hands it out, who then wakes it through the
+    queue's `wake` (with `signal`, what the member's task awaits now: set by that task)."""
 
-    def __init__(self, member: object, wake: Callable[[], None]) -> None:
+    def __init__(self, member: object) -> None:
         self.member = member
-        self.wake = wake  # from any thread, with the lock held: the member's task looks again
+        self.signal: Any = None
         self.work: Work | None = None
         self.joined_at = time.perf_counter()
         self.handed_at = 0.0  # time.perf_counter() when the work was handed to it
@@ -42,17 +43,21 @@ class Waiter(Generic[Work]):
 
 
 class AdmissionQueue(Generic[Work]):
-    """The members waiting for work, first come first served."""
+    """The members waiting for work, first come first served. `wake(waiters)`: wakes those members,
+    from any thread; called once per hand-out with all it woke (one call into the event loop for a
+    burst of N, not N)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[list[Waiter[Work]]], None]) -> None:
+        self._wake_all = wake
         self._waiting: deque[Waiter[Work]] = deque()
+        self._to_wake: list[Waiter[Work]] = []
         self.wakeups = 0  # times a waiting member was woken (a herd would show here)
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def join(self, member: object, wake: Callable[[], None]) -> Waiter[Work]:
-        waiter: Waiter[Work] = Waiter(member, wake)
+    def join(self, member: object) -> Waiter[Work]:
+        waiter: Waiter[Work] = Waiter(member)
         self._waiting.append(waiter)
         return waiter
 
@@ -69,16 +74,20 @@ class AdmissionQueue(Generic[Work]):
 
     def _take_off(self, waiter: Waiter[Work]) -> None:
         waiter.queued = False
-        self._wake(waiter)
+        self._to_wake.append(waiter)
 
-    def _wake(self, waiter: Waiter[Work]) -> None:
-        self.wakeups += 1
-        waiter.wake()
+    def _flush(self) -> None:
+        if self._to_wake:
+            woken, self._to_wake = self._to_wake, []
+            self.wakeups += len(woken)
+            self._wake_all(woken)
 
-    def hand_out(self, next_work: Callable[[], Work | None], takes_work: Callable[[object], bool]) -> int:
+    def hand_out(self, next_work: Callable[[], Work | None], takes_work: Callable[[object], bool],
+                 sweep: bool = False) -> int:
         """Hands work to the waiters in order while `next_work` has some; a waiter whose member takes
-        no more work is woken without (it leaves the queue itself). Returns how many got work."""
-        if not all(takes_work(w.member) for w in self._waiting):
+        no more work is woken without (it leaves the queue itself): each one found at the front, and
+        with `sweep` (the fleet changed) all of them. Returns how many got work."""
+        if sweep and not all(takes_work(w.member) for w in self._waiting):
             kept: deque[Waiter[Work]] = deque()
             for waiter in self._waiting:
                 if takes_work(waiter.member):
@@ -89,6 +98,9 @@ class AdmissionQueue(Generic[Work]):
         head = self._waiting[0] if self._waiting else None
         handed = 0
         while self._waiting:
+            if not takes_work(self._waiting[0].member):
+                self._take_off(self._waiting.popleft())
+                continue
             work = next_work()
             if work is None:
                 break
@@ -97,13 +109,15 @@ class AdmissionQueue(Generic[Work]):
             self._take_off(waiter)
             handed += 1
         if self._waiting and self._waiting[0] is not head:
-            self._wake(self._waiting[0])  # the new first waiter takes over the polling
+            self._to_wake.append(self._waiting[0])  # the new first waiter takes over the polling
+        self._flush()
         return handed
 
     def dismiss_all(self) -> None:
         """Wakes every waiter without work (the loop stops)."""
         while self._waiting:
             self._take_off(self._waiting.popleft())
+        self._flush()
 
     def is_first(self, waiter: Waiter[Work]) -> bool:
         return bool(self._waiting) and self._waiting[0] is waiter

@@ -27,7 +27,7 @@ from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
 from controller.state import Dispatch, sampling_seed
-from controller.stream_loop import blocking
+from controller.stream_loop import blocking, settle
 
 log = structlog.get_logger(__name__)
 
@@ -63,16 +63,8 @@ class GenerationSide:
         controller's own admission latency (bench/fleetsim/measure.py). Leaving when `member` takes no
         more work."""
         loop = asyncio.get_running_loop()
-        woken = asyncio.Event()
-
-        def wake() -> None:  # from any thread, the loop's lock held
-            try:
-                loop.call_soon_threadsafe(woken.set)
-            except RuntimeError:  # the event loop closed (the run stopped): no task waits any more
-                pass
-
         with self._cond:
-            waiter = self._admission.join(member, wake)
+            waiter = self._admission.join(member)
             self._hand_out()
         try:
             while True:
@@ -85,11 +77,12 @@ class GenerationSide:
                         raise Leaving(member.address)
                     self._admission.rejoin(waiter)  # woken without work, yet it still waits
                     first = self._admission.is_first(waiter)
-                    woken.clear()
+                    waiter.signal = woken = loop.create_future()  # settled by the hand-out or the poll
+                poll = loop.call_later(HEAD_POLL_S if first else IDLE_POLL_S, settle, woken)
                 try:
-                    await asyncio.wait_for(woken.wait(), HEAD_POLL_S if first else IDLE_POLL_S)
-                except TimeoutError:
-                    pass
+                    await woken
+                finally:
+                    poll.cancel()
                 with self._cond:
                     if waiter.work is None and self._admission.is_first(waiter):
                         self._hand_out()  # its poll: what changed without a notify (an outage's trial)
@@ -97,13 +90,14 @@ class GenerationSide:
             with self._cond:
                 self._admission.leave(waiter)
 
-    def _hand_out(self) -> None:
+    def _hand_out(self, sweep: bool = False) -> None:
         """Hands work to the waiting members while admission allows (the loop's lock held): called by
-        whoever changed what admission allows, so that only the members given work wake up."""
+        whoever changed what admission allows, so that only the members given work wake up. `sweep`:
+        the fleet changed, every waiting member that takes no more work is woken to leave."""
         if self.stop.is_set():
             self._admission.dismiss_all()
             return
-        self._admission.hand_out(self._next_work, Member.takes_work)
+        self._admission.hand_out(self._next_work, Member.takes_work, sweep)
 
     def _next_work(self) -> Dispatch | None:
         """The next request the gate admits (a re-queued one first), or None while it admits none."""

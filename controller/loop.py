@@ -67,7 +67,7 @@ class GRPOLoop(GenerationSide):
         self.rollouts = rollout if isinstance(rollout, list) else [r for r in (rollout,) if r is not None]
         self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
         self.fleet.on_live = self._start_generation
-        self.fleet.on_change = self._wake
+        self.fleet.on_change = self._fleet_changed
         self._threads: list[threading.Thread] = []  # the scoring threads
         self._streams = StreamLoop()  # the members' generation tasks, on one event loop
         self._empty_since: float | None = None  # since when no replica is live (bounded wait)
@@ -89,7 +89,7 @@ class GRPOLoop(GenerationSide):
         self._cond = threading.Condition(lock)  # the training thread and recovery wait on it
         # The generation tasks wait in a queue of their own (same lock), each woken only when work is
         # handed to it (controller/admission.py, issue 44).
-        self._admission: AdmissionQueue[Dispatch] = AdmissionQueue()
+        self._admission: AdmissionQueue[Dispatch] = AdmissionQueue(self._streams.wake)
         # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
         # of them, not every generation task waiting for admission (N wake-ups per group, ~10 % of
         # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).
@@ -159,6 +159,13 @@ class GRPOLoop(GenerationSide):
         for it (only they wake), and the threads waiting on the condition re-check."""
         with self._cond:
             self._hand_out()
+            self._cond.notify_all()
+
+    def _fleet_changed(self) -> None:
+        """A member joined, left or is leaving: as _wake, and the waiting members that take no more
+        work stop waiting."""
+        with self._cond:
+            self._hand_out(sweep=True)
             self._cond.notify_all()
 
     def snapshot(self, step: int, version: int) -> ControllerState:

@@ -42,6 +42,16 @@ class StreamLoop:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def wake(self, waiters: list) -> None:
+        """Settles the futures the waiters' tasks await (their `signal`), in one call into the loop
+        from any thread (controller/admission.py); nothing once the loop is closed (the run stopped)."""
+        futures = [w.signal for w in waiters if w.signal is not None]
+        if futures:
+            try:
+                self.loop.call_soon_threadsafe(_settle_all, futures)
+            except RuntimeError:  # closed: no task waits any more
+                pass
+
     def tasks(self) -> int:
         """Tasks running on the loop now."""
         return len(self._tasks)
@@ -72,6 +82,17 @@ class StreamLoop:
         await asyncio.gather(*tasks, return_exceptions=True)
         if then is not None:
             await then()
+
+
+def _settle_all(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        settle(future)
+
+
+def settle(future: asyncio.Future) -> None:
+    """Resolves `future` unless it is already (a hand-out and a poll's timer may both come)."""
+    if not future.done():
+        future.set_result(None)
 
 
 async def blocking(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:

@@ -177,8 +177,8 @@ def test_a_member_that_leaves_stops_waiting_and_the_others_keep_their_turn(tmp_p
 
 def test_held_ends_when_the_work_is_handed_out_not_when_the_waiter_wakes():
     lock = threading.RLock()
-    queue: AdmissionQueue[str] = AdmissionQueue()
     woken = threading.Event()
+    queue: AdmissionQueue[str] = AdmissionQueue(lambda waiters: woken.set())
     handed: list[float] = []
 
     def hand_out_later() -> None:
@@ -189,7 +189,7 @@ def test_held_ends_when_the_work_is_handed_out_not_when_the_waiter_wakes():
             time.sleep(0.1)  # the waiter cannot take its work before the lock is let go: its own latency
 
     with lock:
-        waiter = queue.join("member", woken.set)
+        waiter = queue.join("member")
     threading.Thread(target=hand_out_later, daemon=True).start()
     assert woken.wait(DEADLINE_S)
     with lock:
