@@ -35,7 +35,10 @@ class StreamLoop:
             if not self._started:
                 self._started = True
                 self._thread.start()
-        self.loop.call_soon_threadsafe(self._start_task, coroutine)
+        try:
+            self.loop.call_soon_threadsafe(self._start_task, coroutine)
+        except RuntimeError:  # closed: the run stopped (a joiner that went live as it did)
+            coroutine.close()
 
     def _start_task(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = self.loop.create_task(coroutine)
@@ -66,7 +69,10 @@ class StreamLoop:
         thread."""
         with self._lock:
             started, self._started = self._started, True  # a later submit starts nothing
-        if not started or self.loop.is_closed():
+        if self.loop.is_closed():
+            return
+        if not started:
+            self.loop.close()
             return
         try:
             asyncio.run_coroutine_threadsafe(self._cancel_all(then), self.loop).result(timeout_s)
@@ -74,6 +80,8 @@ class StreamLoop:
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
 
     async def _cancel_all(self, then: Callable[[], Coroutine[Any, Any, Any]] | None) -> None:
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
@@ -102,7 +110,7 @@ async def blocking(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Resu
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Result] = loop.create_future()
 
-    def settle(outcome: Callable[[Any], None], value: Any) -> None:
+    def resolve(outcome: Callable[[Any], None], value: Any) -> None:
         if not done.cancelled():
             outcome(value)
 
@@ -112,7 +120,7 @@ async def blocking(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Resu
         except BaseException as exc:  # noqa: BLE001 - raised in the awaiting task
             settled = (done.set_exception, exc)
         try:
-            loop.call_soon_threadsafe(settle, *settled)
+            loop.call_soon_threadsafe(resolve, *settled)
         except RuntimeError:  # the loop closed meanwhile (the run stopped): nobody awaits it
             pass
 

@@ -1,7 +1,8 @@
 """controller/stream_loop.py: the event loop the members' generation tasks run on. A blocking call made
 through `blocking` (a recovery waiting for a restarted replica) leaves the loop free for the other
 members; its result and its error reach the awaiting task; closing cancels the tasks still running,
-each running its `finally` (the fleet's generation_ended), then runs the closing coroutine."""
+each running its `finally` (the fleet's generation_ended), then runs the closing coroutine, and closes
+the loop (a task submitted later does not run)."""
 from __future__ import annotations
 
 import asyncio
@@ -62,4 +63,6 @@ def test_closing_cancels_the_running_tasks_runs_their_finally_then_the_closing_c
     streams.submit(member())
     assert started.wait(DEADLINE_S)
     streams.close(then=close_channels)
-    assert order == ["finally", "closed"] and not streams.is_alive()
+    assert order == ["finally", "closed"] and not streams.is_alive() and streams.loop.is_closed()
+    streams.submit(member())  # a member that goes live as the run stops: nothing runs, nothing raises
+    assert order == ["finally", "closed"]
