@@ -5,13 +5,15 @@ address and the RPC, so the controller can report them in one line.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
+import grpc.aio
 
 from controller.reward_tally import RewardTally
 from rlfleet import types as t
@@ -25,6 +27,7 @@ from rlfleet.proto.v1 import (
     rollout_pb2_grpc,
 )
 from rlfleet.rpc import convert
+from rlfleet.rpc.aio_channel import open_aio_channel
 from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import REPORT_EVERY_S, keepalive_options, wait_until_serving
 from rlfleet.rpc.security import Security
@@ -104,9 +107,11 @@ class _Client:
         self.timeout_s = timeout_s
         self.closed = False
         self.keepalive = keepalive
+        self.security = security
+        self.extra_options = keepalive_options() if keepalive else None
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
                                           report_every_s=report_every_s if report_every_s else float("inf"),
-                                          extra_options=keepalive_options() if keepalive else None)
+                                          extra_options=self.extra_options)
 
     @_rpc
     def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
@@ -116,6 +121,10 @@ class _Client:
     def close(self) -> None:
         self.closed = True
         self.channel.close()
+        self._close_streams()
+
+    def _close_streams(self) -> None:
+        """The asyncio channel, if any (RolloutClient)."""
 
 
 class RolloutClient(_Client):
@@ -127,6 +136,61 @@ class RolloutClient(_Client):
         self.streams = 0  # Generate streams open now (on a kept-alive channel, each watches the replica)
         self.answered = 0.0  # time.monotonic() when a Generate stream last brought a group or ended OK
         self._counting = threading.Lock()
+        self._aio: grpc.aio.Channel | None = None  # Generate's channel on the controller's event loop
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- Generate on an event loop (controller/stream_loop.py) -----------------------------------
+    async def generate_async(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
+                             payload_sink: str = "") -> AsyncIterator[t.GroupResult]:
+        """generate() on the running event loop, over an asyncio channel with the same options (TLS,
+        token, keepalive, request ids) opened on first use; its failures translated alike."""
+        if self.closed:
+            raise _closed(self.role, self.address, "Generate")
+        if self._aio is None:
+            self._aio = open_aio_channel(self.address, self.security, self.extra_options)
+            self._aio_loop = asyncio.get_running_loop()
+            if self.closed:  # close() ran meanwhile, on another thread, before this channel existed
+                self._close_streams()
+                raise _closed(self.role, self.address, "Generate")
+        stream = rollout_pb2_grpc.RolloutStub(self._aio).Generate(
+            convert.generate_request_to_proto(prompts, params, payload_sink), timeout=self.timeout_s)
+        self._streaming(+1)
+        try:
+            async for msg in stream:
+                self.answered = time.monotonic()
+                yield convert.group_from_proto(msg)
+            self.answered = time.monotonic()
+        except grpc.RpcError as err:
+            if self.closed:  # its channel closed under it: the replica left or rejoined
+                raise _closed(self.role, self.address, "Generate") from None
+            raise _translate(self.role, self.address, "Generate", err) from None
+        except grpc.aio.UsageError:  # the channel closed before the call started
+            raise _closed(self.role, self.address, "Generate") from None
+        except asyncio.CancelledError:
+            # grpc.aio cancels the calls of a channel closed under them (a drain's timeout, a leave):
+            # that is the replica gone, as for a blocking stream; the task's own cancellation goes on
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not self.closed:
+                raise
+            raise _closed(self.role, self.address, "Generate") from None
+        finally:
+            self._streaming(-1)
+
+    def _close_streams(self) -> None:
+        """Closes the asyncio channel on its loop (its open streams fail CANCELLED there), from any
+        thread; a loop already stopped took its calls along."""
+        channel, loop = self._aio, self._aio_loop
+        if channel is None or loop is None or not loop.is_running():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(channel.close(), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    async def close_streams(self) -> None:
+        """Closes the asyncio channel, on its loop (the run stops)."""
+        if self._aio is not None:
+            await self._aio.close()
 
     def _streaming(self, delta: int) -> None:
         with self._counting:

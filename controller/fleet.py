@@ -55,12 +55,12 @@ class Member:
     groups: int = 0  # groups it generated in this run
     misses: int = 0  # heartbeats in a row it did not answer
     heard: float = 0.0  # time.monotonic() when it last showed it is alive (a group, a status answer)
-    idle: threading.Event = field(default_factory=threading.Event)  # its generation thread ended
+    idle: threading.Event = field(default_factory=threading.Event)  # its generation task ended
     gone: threading.Event = field(default_factory=threading.Event)  # out of the run
     finished: int = 0  # groups it finished while leaving
     handed_back: int = 0  # groups re-queued from it while leaving
     served: bool = True  # held the run's weights and took work at some point (a leave counts)
-    generating: bool = False  # the loop started its generation thread
+    generating: bool = False  # the loop started its generation task
     leave_reason: str = ""  # drained, sigterm
     instance: float | None = None  # the replica process's id (its status's `instance`): a restart changes it
 
@@ -276,8 +276,8 @@ class Fleet:
             self.remove(member, reason)  # the boundary did not come: it goes anyway
         return member
 
-    def thread_ended(self, member: Member) -> None:
-        """The member's generation thread ended (it left or failed)."""
+    def generation_ended(self, member: Member) -> None:
+        """The member's generation task ended (it left or failed)."""
         member.idle.set()
         self._changed()
 
@@ -312,7 +312,7 @@ class Fleet:
         """One heartbeat: a joined member is asked for its status unless it is watched otherwise: its
         Generate stream is open on a channel that pings it (RolloutClient `keepalive`: a frozen or
         partitioned replica fails that stream within rlfleet.rpc.channel's KEEPALIVE_S +
-        KEEPALIVE_TIMEOUT_S, and its generation thread removes it), or it was heard from (a group, a
+        KEEPALIVE_TIMEOUT_S, and its generation task removes it), or it was heard from (a group, a
         stream that ended) within the last `heartbeat_s`. A status call per member per second cost a
         256-replica controller a quarter of its CPU (issues 34, 44). Those asked are asked at once
         (HEARTBEAT_CALLS at a time); one that missed `max_misses` in a row is removed (its stream is

@@ -1,27 +1,33 @@
-"""The generation side of the GRPO loop: one thread per member of the rollout fleet.
+"""The generation side of the GRPO loop: a task per member of the rollout fleet, all on one event loop.
 
-Each thread asks for work when its member is free (which spreads groups by load), streams the
-member's groups to the scoring threads, which score them off the generation thread (a slow or
-unreachable reward never stalls a rollout stream) and buffer them for the training side. A
-member that fails or leaves hands its prompts not yet returned back to the queue.
+Each member's task asks for work when its member is free (which spreads groups by load; admission is a
+FIFO hand-off, controller/admission.py), streams the member's groups (grpc.aio) to the scoring threads,
+which score them off the event loop (a slow or unreachable reward never stalls a rollout stream) and
+buffer them for the training side. A member that fails or leaves hands its prompts not yet returned
+back to the queue. One event loop rather than a thread per member (issue 44): at 256 replicas the
+threads' wake-ups (grpc's sync streams poll ten times a second) were the controller's own latency.
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 import structlog
 
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
-from rlfleet.types import Completion, PromptRequest
+from rlfleet.types import Completion, GroupResult, PromptRequest
+from controller.admission import HEAD_POLL_S, IDLE_POLL_S
 from controller.fleet import LEAVING, Member
 from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
 from controller.state import Dispatch, sampling_seed
+from controller.stream_loop import blocking, settle
 
 log = structlog.get_logger(__name__)
 
@@ -38,63 +44,80 @@ class ScoredGroupInput:
     replica: str
 
 
-class StampedCondition(threading.Condition):
-    """A condition that remembers when it was last notified: a generation thread held back by the gate
-    counts its wait up to the notify that let it through, not up to its own wake-up, which is the
-    controller's latency (a thread waiting for the GIL among hundreds)."""
-
-    notified_at = 0.0
-
-    def notify_all(self) -> None:
-        self.notified_at = time.perf_counter()
-        super().notify_all()
-
-    def held_since(self, began: float) -> float:
-        """Seconds of a wait that began at `began` and just returned during which admission was held."""
-        woke = time.perf_counter()
-        return (self.notified_at if began <= self.notified_at <= woke else woke) - began
-
-
 class Leaving(Exception):
-    """A member's generation thread ends: the member is leaving or left the fleet."""
+    """A member's generation task ends: the member is leaving or left the fleet."""
 
 
 MAX_SCORING_THREADS = 8
 
 
 class GenerationSide:
-    """The generation side of GRPOLoop (controller/loop.py): a thread per fleet member asks for
-    work when the member is free, streams its groups to the scoring threads, and hands its
-    prompts back when the member fails or leaves. State lives on the loop."""
+    """The generation side of GRPOLoop (controller/loop.py): a task per fleet member (on one event
+    loop, self._streams) asks for work when the member is free, streams its groups to the scoring
+    threads, and hands its prompts back when the member fails or leaves. State lives on the loop."""
 
-    def _admit(self, member: Member) -> tuple[Dispatch, float]:
-        """Blocks until the gate admits work (or a re-queued request waits); returns the request and
-        the seconds it was held back (the staleness gate, a pause for an outage or a resync): the
-        rest of a free slot's wait is the controller's own admission latency (bench/fleetsim/measure.py).
-        Leaving when `member` takes no more work."""
-        held = 0.0
+    async def _admit(self, member: Member) -> tuple[Dispatch, float]:
+        """Waits in the admission queue (controller/admission.py) until work is handed to `member`, in
+        the order the members asked; returns the request and the seconds it was held back (the
+        staleness gate, a pause for an outage or a resync): the rest of a free slot's wait is the
+        controller's own admission latency (bench/fleetsim/measure.py). Leaving when `member` takes no
+        more work."""
+        loop = asyncio.get_running_loop()
         with self._cond:
-            while not self.stop.is_set():
-                if not member.takes_work():
-                    raise Leaving(member.address)
-                paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
-                          or (self.env_outage is not None and self.env_outage.blocked()))
-                if self._requeue and not paused and self._env_admits():
-                    return self._requeue.popleft(), held  # already admitted; its slots are counted
-                limit = self.gate.admission_limit(self._rollout_version)
-                if self._admitted < limit and not paused and self._env_admits():
-                    count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
-                    self._admitted += count
-                    dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
-                    for _ in range(count):
-                        dispatch.members.append((self._seq, self.source.next()))
-                        self._live[self._seq] = dispatch
-                        self._seq += 1
-                    return dispatch, held
-                began = time.perf_counter()
-                self._cond.wait(0.5)
-                held += self._cond.held_since(began)
-        raise Stopped("stopping")
+            waiter = self._admission.join(member)
+            self._hand_out()
+        try:
+            while True:
+                with self._cond:
+                    if waiter.work is not None:
+                        return waiter.work, waiter.held_s()
+                    if self.stop.is_set():
+                        raise Stopped("stopping")
+                    if not member.takes_work():
+                        raise Leaving(member.address)
+                    self._admission.rejoin(waiter)  # woken without work, yet it still waits
+                    first = self._admission.is_first(waiter)
+                    waiter.signal = woken = loop.create_future()  # settled by the hand-out or the poll
+                poll = loop.call_later(HEAD_POLL_S if first else IDLE_POLL_S, settle, woken)
+                try:
+                    await woken
+                finally:
+                    poll.cancel()
+                with self._cond:
+                    if waiter.work is None and self._admission.is_first(waiter):
+                        self._hand_out()  # its poll: what changed without a notify (an outage's trial)
+        finally:
+            with self._cond:
+                self._admission.leave(waiter)
+
+    def _hand_out(self, sweep: bool = False) -> None:
+        """Hands work to the waiting members while admission allows (the loop's lock held): called by
+        whoever changed what admission allows, so that only the members given work wake up. `sweep`:
+        the fleet changed, every waiting member that takes no more work is woken to leave."""
+        if self.stop.is_set():
+            self._admission.dismiss_all()
+            return
+        self._admission.hand_out(self._next_work, Member.takes_work, sweep)
+
+    def _next_work(self) -> Dispatch | None:
+        """The next request the gate admits (a re-queued one first), or None while it admits none."""
+        paused = (self.recovery.resync_pending() or self.recovery.reward_outage.blocked()
+                  or (self.env_outage is not None and self.env_outage.blocked()))
+        if paused:
+            return None
+        if self._requeue:
+            return self._requeue.popleft() if self._env_admits() else None  # its slots are counted
+        limit = self.gate.admission_limit(self._rollout_version)
+        if self._admitted >= limit or not self._env_admits():
+            return None
+        count = min(self.cfg.controller.prompts_per_request, limit - self._admitted)
+        self._admitted += count
+        dispatch = Dispatch(sampling_seed(self.cfg.run.seed, self._seq) if self._seeded else None)
+        for _ in range(count):
+            dispatch.members.append((self._seq, self.source.next()))
+            self._live[self._seq] = dispatch
+            self._seq += 1
+        return dispatch
 
     def _env_admits(self) -> bool:
         """Whether the environment outage lets this request go (one request a trial: env_outage.py)."""
@@ -117,10 +140,7 @@ class GenerationSide:
         if member.generating:
             return
         member.generating = True
-        thread = threading.Thread(target=self._generate_forever, args=(member,),
-                                  name=f"generation-{member.name}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        self._streams.submit(self._generate_forever(member))
         scorers = sum(t.name.startswith("scoring-") for t in self._threads)
         if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
             self._start_scoring(scorers)
@@ -130,12 +150,12 @@ class GenerationSide:
         self._threads.append(thread)
         thread.start()
 
-    def _generate_forever(self, member: Member) -> None:
+    async def _generate_forever(self, member: Member) -> None:
         rollout = member.client
         delay = RETRY_FIRST_S  # the wait after a stream that brought nothing back (_short_stream)
         try:
             while not self.stop.is_set():
-                dispatch, held_s = self._admit(member)
+                dispatch, held_s = await self._admit(member)
                 prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
@@ -147,7 +167,7 @@ class GenerationSide:
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:
-                    for group in rollout.generate(requests, params, self.payload_sink):
+                    async for group in self._stream(rollout, requests, params):
                         seq, prompt = pending.pop(group.request_id)
                         self.fleet.heard_from(member)
                         member.groups += 1
@@ -162,31 +182,44 @@ class GenerationSide:
                             self._scorable.notify()
                         started = time.perf_counter()
                     if pending:  # the stream ended OK but short: its missing prompts go to the next request
-                        delay = self._short_stream(member, dispatch, pending, len(prompts), delay)
+                        delay = await self._short_stream(member, dispatch, pending, len(prompts), delay)
                     else:
                         delay = RETRY_FIRST_S
                 except ServiceUnavailable as exc:  # the replica died or stalled: its prompts go to another
                     if self.stop.is_set():  # the stream was cut by the loop's own exit
                         return
                     if member.joined or not member.takes_work():  # an elastic member leaves instead
-                        member.handed_back += self.recovery.requeue(rollout, dispatch, pending,
-                                                                    "replica_left", exc)
+                        member.handed_back += await blocking(self.recovery.requeue, rollout, dispatch,
+                                                             pending, "replica_left", exc)
                         if member.state != LEAVING:  # it stopped answering (its pings), or broke
                             silent = isinstance(exc, PeerSilent)
-                            self.fleet.remove(member, "unreachable" if silent else "failed")
+                            await blocking(self.fleet.remove, member, "unreachable" if silent else "failed")
                         return
-                    if not self.recovery.rollout_failed(rollout, dispatch, pending, exc,
-                                                        gone=member.gone.is_set):
-                        return  # it rejoined after a restart: its new member's thread takes over
-        except (Stopped, Leaving):
+                    if not await blocking(self.recovery.rollout_failed, rollout, dispatch, pending, exc,
+                                          gone=member.gone.is_set):
+                        return  # it rejoined after a restart: its new member's task takes over
+        except (Stopped, Leaving, asyncio.CancelledError):  # cancelled: the run stops (StreamLoop.close)
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             self._fail(exc)
         finally:
-            self.fleet.thread_ended(member)
+            self.fleet.generation_ended(member)
 
-    def _short_stream(self, member: Member, dispatch: Dispatch, pending: dict[str, tuple[int, Prompt]],
-                      asked: int, delay: float) -> float:
+    async def _stream(self, rollout, requests: list[PromptRequest], params) -> AsyncIterator[GroupResult]:
+        """The member's Generate stream on the event loop; a client with only a blocking generate()
+        (an in-process fake in the unit tests) is read on a worker thread, a group at a time."""
+        if hasattr(rollout, "generate_async"):
+            async for group in rollout.generate_async(requests, params, self.payload_sink):
+                yield group
+            return
+        groups = iter(rollout.generate(requests, params, self.payload_sink))
+        end = object()
+        loop = asyncio.get_running_loop()
+        while (group := await loop.run_in_executor(None, next, groups, end)) is not end:
+            yield group
+
+    async def _short_stream(self, member: Member, dispatch: Dispatch, pending: dict[str, tuple[int, Prompt]],
+                            asked: int, delay: float) -> float:
         """A Generate stream ended without an error but without some of its groups (a replica whose
         engine stopped mid-request, a third-party rollout): the missing prompts are re-queued at once
         (journal `requeued`, reason `stream_ended_short`), as for a failed stream. Before, they stayed
@@ -196,20 +229,28 @@ class GenerationSide:
         missing = len(pending)
         error = RlfleetError(f"rollout replica {member.address}: the Generate stream ended OK with "
                              f"{missing} of {asked} groups missing")
-        handed = self.recovery.requeue(member.client, dispatch, pending, "stream_ended_short", error)
+        handed = await blocking(self.recovery.requeue, member.client, dispatch, pending,
+                                "stream_ended_short", error)
         if member.state == LEAVING:  # counted as handed back in its `left` journal line
             member.handed_back += handed
         if missing < asked:
             return RETRY_FIRST_S
-        if self.stop.wait(delay):
+        await asyncio.sleep(delay)  # cancelled if the run stops meanwhile (StreamLoop.close)
+        if self.stop.is_set():
             raise Stopped("stopping")
         return min(delay * 2, RETRY_MAX_S)
+
+    async def _close_streams(self) -> None:
+        """The members' asyncio channels, closed on the event loop as the run stops."""
+        for member in self.fleet.members():
+            if hasattr(member.client, "close_streams"):
+                await member.client.close_streams()
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
             if self._error is None:
                 self._error = exc
-            self._cond.notify_all()
+            self._wake()
 
     def _score_forever(self) -> None:
         """Scores the generated groups waiting, all of them in one Score call (up to
@@ -235,7 +276,7 @@ class GenerationSide:
                 finally:
                     with self._cond:
                         self._scoring -= len(batch)
-                        self._cond.notify_all()
+                        self._wake()  # the training thread; a reward back lets admission go on
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it

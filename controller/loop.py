@@ -1,10 +1,10 @@
 """The asynchronous GRPO loop with bounded staleness.
 
-A generation thread per member of the rollout fleet (controller/generation.py; members
-join and leave while it runs: controller/fleet.py) keeps it busy with new groups as long as
+A generation task per member of the rollout fleet, all on one event loop (controller/generation.py;
+members join and leave while it runs: controller/fleet.py) keeps it busy with new groups as long as
 the staleness gate admits them (and no reward outage pauses admission) and hands
-each finished group to the scoring threads, which score it (off the generation
-thread, so a slow or unreachable reward never stalls a rollout stream) and buffer
+each finished group to the scoring threads, which score it (off the event loop,
+so a slow or unreachable reward never stalls a rollout stream) and buffer
 it; the training loop takes `prompts_per_step` groups (oldest version first), trains,
 and pushes the new weights. With `max_staleness=0` the gate admits a step's
 groups only after the weights they will be trained against are served, which
@@ -32,7 +32,8 @@ from controller.env_outage import env_outage_of
 from controller.episodes import env_metrics, turn_records
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
-from controller.generation import GenerationSide, ScoredGroupInput, StampedCondition
+from controller.admission import AdmissionQueue
+from controller.generation import GenerationSide, ScoredGroupInput
 from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
@@ -45,6 +46,7 @@ from controller.sample_quota import SampleQuota
 from controller.stall import StallFacts, StallWatchdog
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, save_state, source_state
+from controller.stream_loop import StreamLoop
 from controller.step_metrics import step_metrics
 from controller.weight_sync import WeightSync
 
@@ -60,14 +62,15 @@ class GRPOLoop(GenerationSide):
                  resume: ControllerState | None = None, fleet: Fleet | None = None):
         self.cfg = cfg
         self.source = source
-        # Every member of the fleet has a generation thread that asks for work when it is free, which
+        # Every member of the fleet has a generation task that asks for work when it is free, which
         # spreads groups by load; all of them take each new version in one broadcast. Members join
         # and leave while the run goes on (controller/fleet.py).
         self.rollouts = rollout if isinstance(rollout, list) else [r for r in (rollout,) if r is not None]
         self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
         self.fleet.on_live = self._start_generation
-        self.fleet.on_change = self._wake
-        self._threads: list[threading.Thread] = []
+        self.fleet.on_change = self._fleet_changed
+        self._threads: list[threading.Thread] = []  # the scoring threads
+        self._streams = StreamLoop()  # the members' generation tasks, on one event loop
         self._empty_since: float | None = None  # since when no replica is live (bounded wait)
         self.rollout = self.rollouts[0] if self.rollouts else None  # the fleet may start empty
         self.reward, self.learner = reward, learner
@@ -84,9 +87,12 @@ class GRPOLoop(GenerationSide):
         self.sync = WeightSync(learner, self.rollouts, cfg.learner.weight_sync_timeout_s,
                                cfg.learner.verify_weights)
         lock = threading.RLock()
-        self._cond = StampedCondition(lock)
+        self._cond = threading.Condition(lock)  # the training thread and recovery wait on it
+        # The generation tasks wait in a queue of their own (same lock), each woken only when work is
+        # handed to it (controller/admission.py, issue 44).
+        self._admission: AdmissionQueue[Dispatch] = AdmissionQueue(self._streams.wake)
         # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
-        # of them, not every generation thread waiting for admission (N wake-ups per group, ~10 % of
+        # of them, not every generation task waiting for admission (N wake-ups per group, ~10 % of
         # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).
         self._scorable = threading.Condition(lock)
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
@@ -150,7 +156,17 @@ class GRPOLoop(GenerationSide):
             self.journal.record_all(event, rows)
 
     def _wake(self) -> None:
+        """Something admission or the training side waits on changed: work goes to the members waiting
+        for it (only they wake), and the threads waiting on the condition re-check."""
         with self._cond:
+            self._hand_out()
+            self._cond.notify_all()
+
+    def _fleet_changed(self) -> None:
+        """A member joined, left or is leaving: as _wake, and the waiting members that take no more
+        work stop waiting."""
+        with self._cond:
+            self._hand_out(sweep=True)
             self._cond.notify_all()
 
     def snapshot(self, step: int, version: int) -> ControllerState:
@@ -216,7 +232,7 @@ class GRPOLoop(GenerationSide):
                     batch.append(group)
                     continue
                 self._admitted -= 1
-                self._cond.notify_all()
+                self._wake()
         return batch, dropped
 
     def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
@@ -235,7 +251,7 @@ class GRPOLoop(GenerationSide):
             for g in groups:
                 if g.seq not in gone:
                     heapq.heappush(self._buffer, (g.version, g.seq, g))
-            self._cond.notify_all()
+            self._wake()
         return self._take_batch(version)
 
     def _drop(self, group: ScoredGroup, reason: str, train_version: int, dropped: Counter[str]) -> None:
@@ -379,7 +395,7 @@ class GRPOLoop(GenerationSide):
                 sync_s = self.recovery.sync(result.policy_version)
                 with self._cond:
                     self._rollout_version = result.policy_version
-                    self._cond.notify_all()
+                    self._wake()
                 metrics = step_metrics(step, version, groups, samples, result.metrics, dropped=dropped,
                                        wait_s=wait_s, train_s=train_s, sync_s=sync_s,
                                        step_s=time.perf_counter() - step_start)
@@ -426,9 +442,11 @@ class GRPOLoop(GenerationSide):
             raise
         finally:
             self.stop.set()
+            self._wake()  # the members waiting for work stop waiting
             with self._cond:
                 for seq in sorted(self._live):  # the last controller state re-queues them on resume
                     self._note("requeued", seq=seq, reason="stopped")
+            self._streams.close(then=self._close_streams)
             for thread in list(self._threads):
                 thread.join(timeout=5)
             self.sync.close()

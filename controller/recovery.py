@@ -73,6 +73,8 @@ class RecoveringLoop(Protocol):
 
     def _note(self, event: str, **fields: Any) -> None: ...
 
+    def _wake(self) -> None: ...  # admission may have changed: work is handed out, waiters re-check
+
 
 class Recovery:
     def __init__(self, loop: RecoveringLoop, wait_s: float, max_outage_s: float = 300.0):
@@ -129,7 +131,7 @@ class Recovery:
         loop = self.loop
         left = [(seq, prompt) for seq, prompt in dispatch.members
                 if any(s == seq for s, _ in pending.values())]
-        # Journalled before the prompts become visible to the other generation threads: the journal
+        # Journalled before the prompts become visible to the other generation tasks: the journal
         # must show a requeue before the dispatch to another replica that follows it.
         for seq, _ in left:
             loop._note("requeued", seq=seq, reason=reason, replica=rollout.address)
@@ -137,7 +139,7 @@ class Recovery:
             if left:
                 dispatch.members = left
                 loop._requeue.appendleft(dispatch)
-            loop._cond.notify_all()
+            loop._wake()
         self._event("rollout_failed", replica=rollout.address, requeued=len(left), error=str(exc)[:200])
         return len(left)
 
@@ -170,7 +172,7 @@ class Recovery:
         generation = self.generation
         self._resync.set()
         with loop._cond:
-            loop._cond.notify_all()
+            loop._wake()
             while self.generation == generation:
                 if loop.stop.is_set():
                     return True
@@ -229,7 +231,7 @@ class Recovery:
             loop._rollout_version = version
             self.generation += 1
             self._resync.clear()
-            loop._cond.notify_all()
+            loop._wake()
         self._event("weight_group_rebuilt", version=version, generation=self.generation,
                     replicas=len(members), seconds=round(time.monotonic() - began, 3), tries=tries,
                     push_s=round(seconds, 3))

@@ -62,8 +62,8 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
             for a, b in zip(sorted(r["busy"]), sorted(r["busy"])[1:]) if t0 <= a[1] <= t1]
     admission = [b - a for a, b in gaps]
     # The controller's own part of it: the gap less the time its gate held the request back (the
-    # journal's `held_s`, up to the notify that let it through), i.e. a free slot the gate allows to
-    # fill, to the prompt dispatched to it.
+    # journal's `held_s`, up to the hand-out that let it through: controller/admission.py), i.e. a free
+    # slot the gate allows to fill, to the prompt dispatched to it.
     own = controller_admission(replicas, events, t0, t1)
     p0, p1 = pause or (0.0, 0.0)
     admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]

@@ -36,18 +36,23 @@ class _CallDetails(
     pass
 
 
+def with_ids(metadata: Any) -> list[tuple[str, str]]:
+    """A call's metadata with its request id (unless it has one) and, if bound, the controller's step."""
+    metadata = list(metadata or [])
+    bound = structlog.contextvars.get_contextvars()
+    if not any(key == REQUEST_ID for key, _ in metadata):
+        metadata.append((REQUEST_ID, str(bound.get("request_id") or new_request_id())))
+    if "step" in bound:
+        metadata.append((STEP, str(bound["step"])))
+    return metadata
+
+
 class RequestIdInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     def _with_ids(self, details: grpc.ClientCallDetails) -> _CallDetails:
-        metadata = list(details.metadata or [])
-        bound = structlog.contextvars.get_contextvars()
-        if not any(key == REQUEST_ID for key, _ in metadata):
-            metadata.append((REQUEST_ID, str(bound.get("request_id") or new_request_id())))
-        if "step" in bound:
-            metadata.append((STEP, str(bound["step"])))
         return _CallDetails(
             details.method,
             details.timeout,
-            metadata,
+            with_ids(details.metadata),
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),

@@ -24,7 +24,7 @@ def test_a_call_on_a_closed_channel_is_an_unreachable_service(reward_server):
 @pytest.mark.parametrize("streamed_before", [False, True])
 def test_a_generate_stream_started_on_a_closed_channel_is_an_unreachable_service(rollout_server,
                                                                                  streamed_before):
-    """A re-form leaves a dead member out, closing its channel, just as its generation thread is given
+    """A re-form leaves a dead member out, closing its channel, just as its generation task is given
     work (issue 34: the fleet simulator at 256 replicas). grpc then raised a bare ValueError in other
     words than for a unary call ("Cannot invoke RPC: Channel closed!"), which stopped the run, and on
     a channel that never carried a stream it crashed the process (a segmentation fault in grpc)."""

@@ -172,7 +172,7 @@ def test_after_the_only_replica_drained_no_push_waits_for_it(fleet_of):
     while member.state != LEAVING:
         assert time.monotonic() < deadline, "the member never started leaving"
         time.sleep(0.01)
-    loop.fleet.thread_ended(member)  # what its generation thread does once it sees it takes no work
+    loop.fleet.generation_ended(member)  # what its generation task does once it sees it takes no work
     _train(learner, 1)
     loop.recovery.sync(1)  # the boundary: the group is re-formed without it
     leaving.join(30)

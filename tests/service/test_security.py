@@ -311,3 +311,33 @@ def test_weight_group_refuses_a_member_without_the_token(bad_token):
     assert set(errors) == {1, 2}
     assert all(isinstance(e, WeightSyncError) and "refused rank(s) 2" in str(e)
                for e in errors.values()), errors
+
+
+def test_generate_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
+    """RolloutClient.generate_async (the controller's event loop, issue 44) opens its grpc.aio channel
+    with the job's TLS and token: served with them, refused without the token."""
+    import asyncio
+
+    from controller.clients import RolloutClient
+    from rlfleet.errors import RlfleetError
+    from rlfleet.types import PromptRequest, SamplingParams
+
+    rollout = next(s for s in served if s.role == "rollout")
+    prompts, params = [PromptRequest("p0", [6, 7])], SamplingParams(n=1, max_new_tokens=2)
+
+    async def generate(client: RolloutClient) -> list:
+        return [group async for group in client.generate_async(prompts, params)]
+
+    client = RolloutClient(rollout.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+                           security=client_security(pki))
+    try:
+        assert [g.request_id for g in asyncio.run(generate(client))] == ["p0"]
+    finally:
+        client.close()
+    client = RolloutClient(rollout.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+                           security=client_security(pki, token="wrong-token-0123456789abcdef"))
+    try:
+        with pytest.raises(RlfleetError, match="UNAUTHENTICATED"):
+            asyncio.run(generate(client))
+    finally:
+        client.close()

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 class SlowFirstReward(FakeReward):
     """Scores an item by its prompt ("p7" -> 7.0); its first call returns only once `more_generated` is
-    set (the controller has taken further groups from the rollout), so those groups wait together."""
+    set (the controller has taken the next request's groups from the rollout too), so the groups after
+    the first wait together."""
 
     def __init__(self, faults: Faults) -> None:
         super().__init__(faults)
@@ -35,10 +36,16 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
     loop.reward = reward
     generate = loop.rollout.generate
 
+    streams_done = []
+
     def generate_and_tell(requests, params, payload_sink=""):
-        """A request's groups, then (once the controller asked past its last group) the event."""
+        """A request's groups, then (once the controller asked past the last group of its second
+        request) the event: the first request's second group and the second request's groups are
+        then all waiting, whatever the order the threads and the event loop ran in."""
         yield from generate(requests, params, payload_sink)
-        reward.more_generated.set()
+        streams_done.append(len(requests))
+        if len(streams_done) >= 2:
+            reward.more_generated.set()
 
     loop.rollout.generate = generate_and_tell
     assert run_loop(loop) is None
