@@ -188,22 +188,22 @@ class GRPOLoop(GenerationSide):
         batch: list[ScoredGroup] = []
         dropped: Counter[str] = Counter()
         filter_limit = self.samples.filter_limit(self.B)
+        # The outage and stall checks (a dozen calls, a median over the step times) run as the loop
+        # looks at the buffer afresh (on entry, after each wait) and before it waits, not once per
+        # buffered group (issue 44): a drain takes microseconds under the lock, and what they watch
+        # (an outage, a stall) is caught at the next look, before the loop waits.
+        look = True
         with self._cond:
             while len(batch) < self.B:
                 if self._error is not None:
                     raise self._error
                 if self.stop.is_set():
                     raise Stopped("stopping")
-                expired = self.env_outage.expired() if self.env_outage is not None else None
-                if expired is not None:
-                    raise expired
-                if self._bounded_elsewhere():
-                    self.stall.hold()
-                else:
-                    stalled = self.stall.expired(self._stall_facts)
-                    if stalled is not None:
-                        raise stalled
+                if look or not self._buffer:
+                    look = False
+                    self._check_outages_and_stall()
                 if not self._buffer:
+                    look = True  # each way out of this branch waits or unlocks
                     self._check_fleet_not_empty()
                     # a replica came back, joined or left: rebuild the group now, unlocked
                     if self.recovery.resync_pending() or self.fleet.reform_pending():
@@ -234,6 +234,19 @@ class GRPOLoop(GenerationSide):
                 self._admitted -= 1
                 self._wake()
         return batch, dropped
+
+    def _check_outages_and_stall(self) -> None:
+        """Raises an expired environment outage, or RunStalled once no step trained for the stall
+        limit (whose clock stops while the loop waits out something bounded elsewhere)."""
+        expired = self.env_outage.expired() if self.env_outage is not None else None
+        if expired is not None:
+            raise expired
+        if self._bounded_elsewhere():
+            self.stall.hold()
+        else:
+            stalled = self.stall.expired(self._stall_facts)
+            if stalled is not None:
+                raise stalled
 
     def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
                       exc: BaseException) -> tuple[list[ScoredGroup], Counter[str]]:
