@@ -114,6 +114,9 @@ class GRPOLoop(GenerationSide):
         self.releaser = payload_releaser(cfg, lambda: self.payload_sink)  # dropped groups: replicas, sink
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
+        # Received groups and their `generated` lines, handed over once per turn of the event loop
+        # (GenerationSide._hand_to_scoring); touched only on the event loop.
+        self._arrived: list[tuple[dict[str, Any], ScoredGroupInput]] = []
         self._scoring = 0  # groups being scored now
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
