@@ -216,7 +216,11 @@ class GenerationSide:
 
     def _hand_over_arrived(self) -> None:
         arrived, self._arrived = self._arrived, []
-        self._note_all("generated", [generated for generated, _ in arrived])
+        try:
+            self._note_all("generated", [generated for generated, _ in arrived])
+        except BaseException as exc:  # noqa: BLE001 - a callback's error would only be logged by asyncio
+            self._fail(exc)  # the training loop reports it and stops, as from a generation task
+            return
         items = sum(len(waiting.completions) for _, waiting in arrived)
         with self._cond:
             self._to_score.extend(waiting for _, waiting in arrived)
