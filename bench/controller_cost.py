@@ -10,6 +10,11 @@ receive and send are not counted, the conversions on both sides of them are.
 
 Stages marked (info) are not the controller's scoring/training side (protobuf's parse in the stream
 thread, the `generated` journal line of the generation thread, a request id per RPC): shown, not summed.
+
+The garbage collector runs inside whichever stage crosses its thresholds: one full (gen-2) collection
+of the bench's heap is tens of ms, 20-60 us a group, so the stage it lands in moves when the code
+before it allocates differently. The collections a run made are printed; `--no-gc` times the stages
+with the collector off (their own Python alone), to tell a stage's change from a collection moving.
 """
 from __future__ import annotations
 
@@ -189,14 +194,19 @@ def main() -> None:
     parser.add_argument("--score-groups", type=int, default=8, help="groups per Score call")
     parser.add_argument("--step-groups", type=int, default=64, help="groups per training step")
     parser.add_argument("--repeats", type=int, default=3, help="the fastest of this many runs is shown")
+    parser.add_argument("--no-gc", action="store_true", help="time the stages with the collector off")
     args = parser.parse_args()
+    if args.no_gc:
+        gc.disable()
     for plane in args.plane:
         for count in args.groups:
             prompts, wire = make_groups(count, plane)
             best: dict[str, int] = {}
             for _ in range(args.repeats):
+                before = [s["collections"] for s in gc.get_stats()]
                 with tempfile.TemporaryDirectory() as tmp:
                     ns = run_once(prompts, wire, args.score_groups, args.step_groups, Path(tmp))
+                collections = [s["collections"] - b for s, b in zip(gc.get_stats(), before)]
                 for stage, value in ns.items():
                     best[stage] = min(best.get(stage, value), value)
             total = sum(v for k, v in best.items() if not k.endswith("(info)"))
@@ -204,6 +214,8 @@ def main() -> None:
             for stage, value in best.items():
                 print(f"  {stage:28s} {value / count / 1e3:8.1f}")
             print(f"  {'total (scoring + training)':28s} {total / count / 1e3:8.1f}")
+            print(f"  gc collections a run, by generation: {collections}"
+                  + (" (collector off; gc.collect() before each run)" if args.no_gc else ""))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,9 @@ class GRPOLoop(GenerationSide):
         self.releaser = payload_releaser(cfg, lambda: self.payload_sink)  # dropped groups: replicas, sink
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
+        # Received groups and their `generated` lines, handed over once per turn of the event loop
+        # (GenerationSide._hand_to_scoring); touched only on the event loop.
+        self._arrived: list[tuple[dict[str, Any], ScoredGroupInput]] = []
         self._scoring = 0  # groups being scored now
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
@@ -188,22 +191,22 @@ class GRPOLoop(GenerationSide):
         batch: list[ScoredGroup] = []
         dropped: Counter[str] = Counter()
         filter_limit = self.samples.filter_limit(self.B)
+        # The outage and stall checks (a dozen calls, a median over the step times) run as the loop
+        # looks at the buffer afresh (on entry, after each wait) and before it waits, not once per
+        # buffered group (issue 44): a drain takes microseconds under the lock, and what they watch
+        # (an outage, a stall) is caught at the next look, before the loop waits.
+        look = True
         with self._cond:
             while len(batch) < self.B:
                 if self._error is not None:
                     raise self._error
                 if self.stop.is_set():
                     raise Stopped("stopping")
-                expired = self.env_outage.expired() if self.env_outage is not None else None
-                if expired is not None:
-                    raise expired
-                if self._bounded_elsewhere():
-                    self.stall.hold()
-                else:
-                    stalled = self.stall.expired(self._stall_facts)
-                    if stalled is not None:
-                        raise stalled
+                if look or not self._buffer:
+                    look = False
+                    self._check_outages_and_stall()
                 if not self._buffer:
+                    look = True  # each way out of this branch waits or unlocks
                     self._check_fleet_not_empty()
                     # a replica came back, joined or left: rebuild the group now, unlocked
                     if self.recovery.resync_pending() or self.fleet.reform_pending():
@@ -234,6 +237,19 @@ class GRPOLoop(GenerationSide):
                 self._admitted -= 1
                 self._wake()
         return batch, dropped
+
+    def _check_outages_and_stall(self) -> None:
+        """Raises an expired environment outage, or RunStalled once no step trained for the stall
+        limit (whose clock stops while the loop waits out something bounded elsewhere)."""
+        expired = self.env_outage.expired() if self.env_outage is not None else None
+        if expired is not None:
+            raise expired
+        if self._bounded_elsewhere():
+            self.stall.hold()
+        else:
+            stalled = self.stall.expired(self._stall_facts)
+            if stalled is not None:
+                raise stalled
 
     def _retake_batch(self, groups: list[ScoredGroup], lost: list[ScoredGroup], version: int,
                       exc: BaseException) -> tuple[list[ScoredGroup], Counter[str]]:
@@ -472,20 +488,27 @@ class GRPOLoop(GenerationSide):
     def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
         # only the first controller.samples_per_step are made (all when None)
         pairs = ((g, c, r) for g in groups for c, r in zip(g.completions, g.results))
-        return [self._sample_record(step, train_version, g, c, r)
-                for g, c, r in itertools.islice(pairs, self.cfg.controller.samples_per_step)]
+        limit = self.cfg.controller.samples_per_step
+        if limit is not None:
+            pairs = itertools.islice(pairs, limit)
+        record = self._sample_record
+        return [record(step, train_version, g, c, r) for g, c, r in pairs]
 
     @staticmethod
     def _sample_record(step: int, train_version: int | None, g: ScoredGroup, c, r) -> dict:
-        return {"step": step, "prompt_index": g.prompt.index, "prompt": g.prompt.text,
-                "response": c.text, "reward": r.score if r.ok else None,
-                "reward_error": r.error or None, "version": c.policy_version,
-                "trained_version": train_version, "replica": g.replica,
-                "last_version": max(c.last_policy_version, c.policy_version),
-                "finish_reason": c.finish_reason,
-                "ground_truth": g.prompt.ground_truth,
-                **({"turns": turn_records(c), "env_reward": c.env_reward,
-                    "env_failure": c.env_failure or None, "env_error": c.env_error or None,
-                    **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
-                    **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})}
-                   if c.turns or c.failed else {})}
+        prompt = g.prompt
+        sample = {"step": step, "prompt_index": prompt.index, "prompt": prompt.text,
+                  "response": c.text, "reward": r.score if r.ok else None,
+                  "reward_error": r.error or None, "version": c.policy_version,
+                  "trained_version": train_version, "replica": g.replica,
+                  "last_version": max(c.last_policy_version, c.policy_version),
+                  "finish_reason": c.finish_reason,
+                  "ground_truth": prompt.ground_truth}
+        # an episode's fields after those, where there are any (updated, not splatted from an empty
+        # dict a sample: ~20 % of the record's cost, issue 44)
+        if c.turns or c.failed:
+            sample.update({"turns": turn_records(c), "env_reward": c.env_reward,
+                           "env_failure": c.env_failure or None, "env_error": c.env_error or None,
+                           **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
+                           **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})})
+        return sample

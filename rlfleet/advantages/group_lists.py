@@ -8,18 +8,24 @@ second of start-up for a few dozen floats. Computed in float64; the proto carrie
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+
+# The checks below run in C (map, list.count) rather than as generator expressions: the controller's
+# training thread runs them once a group (issue 44); the values are the same floats either way.
 
 
 def _checked(rewards_G: Sequence[float]) -> list[float]:
-    rewards = [float(r) for r in rewards_G]
-    if not all(math.isfinite(r) for r in rewards):
+    rewards = list(map(float, rewards_G))
+    if not all(map(math.isfinite, rewards)):
         raise ValueError(f"rewards_G contains non-finite values: {rewards}")
     return rewards
 
 
 def _no_signal(rewards: list[float]) -> bool:
-    return len(rewards) <= 1 or all(r == rewards[0] for r in rewards)
+    """All equal (or fewer than two). list.count compares by identity, then ==: the same answer as
+    `all(r == rewards[0] ...)` for finite floats (-0.0 == 0.0 either way), which _checked ensured."""
+    return len(rewards) <= 1 or rewards.count(rewards[0]) == len(rewards)
 
 
 def group_advantages(rewards_G: Sequence[float], normalize_std: bool = True,
@@ -34,7 +40,7 @@ def group_advantages(rewards_G: Sequence[float], normalize_std: bool = True,
     centred = [r - mean for r in rewards]
     if not normalize_std:
         return centred
-    std = math.sqrt(math.fsum(c * c for c in centred) / (len(rewards) - 1))
+    std = math.sqrt(math.fsum(map(operator.mul, centred, centred)) / (len(rewards) - 1))
     return [c / (std + eps) for c in centred]
 
 

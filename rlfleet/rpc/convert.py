@@ -10,6 +10,8 @@ from rlfleet import types as t
 from rlfleet.errors import InvalidRequest
 from rlfleet.proto.v1 import common_pb2, learner_pb2, reward_pb2, rollout_pb2
 
+_new = object.__new__  # frozen dataclasses made on hot paths without their __init__ (issue 44)
+
 
 def sampling_to_proto(p: t.SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
@@ -98,8 +100,11 @@ def completion_from_proto(msg: common_pb2.Completion, payload: t.PayloadRef | No
     # The token payloads stay the message's own (read-only) sequences: the controller only passes them
     # on to the learner's TrainRequest, which copies them in C; turning each into a Python list and
     # back cost ~90 us per 300-token sample, a third of the controller's CPU per group (issue 34).
-    # Made by t.assemble, not the frozen __init__ (~2.3 us of a sample's ~4.5 us, issue 44).
-    return t.assemble(t.Completion, {
+    # Made without the frozen __init__, its __dict__ filled from one literal in one pass: ~2.3 us of a
+    # sample's ~4.5 us that way; t.assemble's field check was another ~0.3 us (issue 44). Every field
+    # is named here (tests/unit/test_convert_hot_paths.py checks none falls back to the class).
+    completion = _new(t.Completion)
+    completion.__dict__.update({
         "token_ids": msg.token_ids, "logprobs": msg.logprobs, "finish_reason": msg.finish_reason,
         "policy_version": msg.policy_version, "text": msg.text,
         "last_policy_version": msg.last_policy_version,
@@ -109,6 +114,7 @@ def completion_from_proto(msg: common_pb2.Completion, payload: t.PayloadRef | No
         "env_failure": msg.env_failure, "env_error": msg.env_error,
         "opening_tokens": msg.opening_tokens, "prompt_trim": msg.prompt_trim,
         "env_metrics": dict(msg.env_metrics) if msg.env_metrics else {}, "payload": payload})
+    return completion
 
 
 def group_to_proto(g: t.GroupResult) -> rollout_pb2.GroupResult:
@@ -120,8 +126,11 @@ def group_from_proto(msg: rollout_pb2.GroupResult) -> t.GroupResult:
     # Each Completion made once, with its payload (a dataclasses.replace after it doubled the cost of a
     # flight group: 157 -> ~75 us for 16 samples, issue 44)
     if msg.payload_address:  # the data plane holds the ids and log-probs: each sample says where
-        completions = [completion_from_proto(m, t.PayloadRef(msg.payload_address, msg.request_id, i,
-                                                             m.response_length))
+        address, request_id = msg.payload_address, msg.request_id
+        # PayloadRef by its own __init__: filling its __dict__ instead (~0.35 us against ~0.6) gives
+        # each one a dict object of its own, and the extra objects cost more in the collector's
+        # passes than they saved (bench/controller_cost.py: a gen-2 collection more a run, issue 44)
+        completions = [completion_from_proto(m, t.PayloadRef(address, request_id, i, m.response_length))
                        for i, m in enumerate(msg.completions)]
     else:
         completions = [completion_from_proto(m) for m in msg.completions]

@@ -93,3 +93,40 @@ def test_batch_group_advantages() -> None:
     normed = batch_group_advantages([[1.0, 0.0, 0.0, 1.0]])
     assert isinstance(normed[0][0], float)
     assert normed[0] == pytest.approx([0.8660239, -0.8660239, -0.8660239, 0.8660239], abs=1e-6)
+
+
+def test_the_list_estimators_give_the_textbook_floats_bit_for_bit():
+    """group_lists runs its checks in C (issue 44): the floats must be those of the plain formulas."""
+    import math
+    import random
+
+    from rlfleet.advantages.group_lists import group_advantages as lists_grpo
+    from rlfleet.advantages.group_lists import rloo_advantages as lists_rloo
+
+    def textbook(rewards, normalize_std=True, eps=1e-6):
+        if len(rewards) <= 1 or all(r == rewards[0] for r in rewards):
+            return [0.0] * len(rewards)
+        mean = math.fsum(rewards) / len(rewards)
+        centred = [r - mean for r in rewards]
+        if not normalize_std:
+            return centred
+        std = math.sqrt(math.fsum(c * c for c in centred) / (len(rewards) - 1))
+        return [c / (std + eps) for c in centred]
+
+    rng = random.Random(7)
+    groups = [[0.0, -0.0], [1.0], [], [0.5, 0.5, 0.5], [1, 0, 1, 0]]
+    groups += [[rng.choice([0.0, 0.5, 1.0, -0.0]) for _ in range(8)] for _ in range(300)]
+    groups += [[rng.uniform(-3, 3) for _ in range(rng.randint(2, 16))] for _ in range(300)]
+    for rewards in groups:
+        floats = [float(r) for r in rewards]
+        assert lists_grpo(rewards) == textbook(floats)
+        assert lists_grpo(rewards, normalize_std=False) == textbook(floats, normalize_std=False)
+        size = len(floats)
+        expected_rloo = [0.0] * size if size <= 1 or all(r == floats[0] for r in floats) else \
+            [(r - math.fsum(floats) / size) * (size / (size - 1)) for r in floats]
+        assert lists_rloo(rewards) == expected_rloo
+        # the same bits, not only equal values (0.0 vs -0.0)
+        assert [math.copysign(1, a) for a in lists_grpo(rewards)] == \
+            [math.copysign(1, a) for a in textbook(floats)]
+    with pytest.raises(ValueError, match="non-finite"):
+        lists_grpo([0.0, float("nan")])

@@ -60,3 +60,19 @@ def test_split_group_scores_an_episodes_final_turn_and_keeps_the_environments_re
         ("r/2", False, "environment: timeout: episode r/2 timed out")
     assert to_score == [t.ScoreItem("r/0", "calc", "the prompt", "#### 42", "42", {"k": 1}, "stop"),
                         t.ScoreItem("r/3", "calc", "the prompt", "answer 3", "42", {"k": 1}, "stop")]
+
+
+def test_a_received_completion_and_its_payload_ref_hold_every_field_and_stay_frozen():
+    """Made without the frozen __init__ (issue 44): nothing may fall back to a class attribute."""
+    import dataclasses
+
+    completions = [_completion(i, payload=t.PayloadRef("10.0.0.1:7000", "r-9", i, 7)) for i in range(2)]
+    group = convert.group_from_proto(convert.group_to_proto(
+        t.GroupResult("r-9", completions, payload_address="10.0.0.1:7000")))
+    for got, sent in zip(group.completions, completions):
+        assert set(vars(got)) == {f.name for f in dataclasses.fields(t.Completion)}
+        assert set(vars(got.payload)) == {f.name for f in dataclasses.fields(t.PayloadRef)}
+        assert got == dataclasses.replace(sent, token_ids=got.token_ids, logprobs=got.logprobs)
+        assert hash(got.payload) == hash(sent.payload)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            got.payload.length = 1

@@ -138,3 +138,25 @@ def test_step_metrics_with_no_rewards_or_time():
     assert all(m[f"dropped_groups/{r}"] == 0.0 for r in ("stale", "unusable", "filtered"))  # always logged
     assert m["perf/tokens_per_s"] == 0.0
     assert m["staleness/max"] == 0.0
+
+
+def test_train_samples_hold_every_field_as_the_constructor_makes_it():
+    """Made without the frozen __init__ (issue 44): each field its own, the same values, still frozen."""
+    import dataclasses
+
+    from rlfleet.types import PayloadRef, TrainSample
+
+    trimmed = Completion([], [], "stop", 2, prompt_trim=1, loss_mask=[1, 0],
+                         payload=PayloadRef("h:1", "r", 1, 5))
+    group = ScoredGroup(0, PROMPT, [completion([1, 2], version=3), trimmed, completion([])],
+                        [ok(1.0), ok(0.0), ok(0.5)])
+    samples = group.train_samples(rewards=[1.0, 0, 0.5])
+    assert samples == [TrainSample([7, 8, 9], [1, 2], [-0.5, -0.5], samples[0].advantage, 3, reward=1.0),
+                       TrainSample([7, 8], [], [], samples[1].advantage, 2, reward=0.0, loss_mask=[1, 0],
+                                   payload=PayloadRef("h:1", "r", 1, 5))]
+    assert samples[0].prompt_ids is PROMPT.prompt_ids  # untrimmed: the prompt's own list, not a copy
+    assert [type(s.reward) for s in samples] == [float, float]  # the int 0 made a float
+    for s in samples:
+        assert set(vars(s)) == {f.name for f in dataclasses.fields(TrainSample)}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            s.reward = 2.0

@@ -57,3 +57,65 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
     for sample in samples:  # each sample got its own group's results back, not a neighbour's
         assert sample["reward"] == float(sample["prompt_index"]), sample
     assert learner.trained_steps == [1, 2, 3, 4]
+
+
+def test_groups_arriving_in_one_turn_of_the_event_loop_are_handed_over_together(tmp_path) -> None:
+    """Their `generated` lines in one journal write, the groups to the scoring threads together, on
+    the loop's next turn; the lines (format unchanged) come before the groups can be scored (issue 44)."""
+    import asyncio
+
+    from controller.generation import ScoredGroupInput
+    from controller.journal import read_journal
+    from rlfleet.data.prompts import Prompt
+    from rlfleet.types import Completion
+
+    loop, _ = make_loop(tmp_path, Faults(), staleness=1)
+    writes = []
+    write = loop.journal._write
+    loop.journal._write = lambda data: writes.append(data) or write(data)
+    prompt = Prompt(index=0, text="p0", prompt_ids=[1], data_source="digits", ground_truth="1")
+
+    completions = [Completion([1], [-0.1], "stop", 2)]
+
+    async def arrive() -> tuple[int, int]:
+        for seq in range(3):
+            loop._hand_to_scoring({"seq": seq, "version": 2, "replica": "h:1"},
+                                  ScoredGroupInput(seq, prompt, f"r{seq}", completions, 0.1, "h:1"))
+        queued_in_the_turn = len(loop._to_score)
+        await asyncio.sleep(0)  # the loop's next turn
+        return queued_in_the_turn, len(loop._to_score)
+
+    assert asyncio.run(arrive()) == (0, 3)
+    assert [w.seq for w in loop._to_score] == [0, 1, 2] and len(writes) == 1
+    loop.journal.close()
+    lines = [e for e in read_journal(tmp_path / "journal" / "prompts.jsonl") if e["event"] == "generated"]
+    assert [{k: v for k, v in e.items() if k != "t"} for e in lines] == \
+        [{"event": "generated", "seq": seq, "version": 2, "replica": "h:1"} for seq in range(3)]
+    assert list(lines[0]) == ["event", "t", "seq", "version", "replica"]
+
+
+def test_a_journal_that_fails_as_groups_are_handed_over_stops_the_run_with_its_error(tmp_path) -> None:
+    """The hand-over runs as an event-loop callback, whose exception asyncio would only log: the error
+    goes to the training loop, as one in a generation task does."""
+    import asyncio
+
+    from controller.generation import ScoredGroupInput
+    from rlfleet.data.prompts import Prompt
+    from rlfleet.types import Completion
+
+    loop, _ = make_loop(tmp_path, Faults(), staleness=1)
+
+    def disk_full(data):
+        raise OSError(28, "No space left on device")
+
+    loop.journal._write = disk_full
+    prompt = Prompt(index=0, text="p0", prompt_ids=[1], data_source="digits", ground_truth="1")
+
+    group = ScoredGroupInput(0, prompt, "r0", [Completion([1], [-0.1], "stop", 2)], 0.1, "h:1")
+
+    async def arrive() -> None:
+        loop._hand_to_scoring({"seq": 0, "version": 2, "replica": "h:1"}, group)
+        await asyncio.sleep(0)
+
+    asyncio.run(arrive())
+    assert isinstance(loop._error, OSError) and "No space" in str(loop._error)

@@ -97,3 +97,27 @@ def test_a_replica_down_is_waited_for_by_service_wait_s_not_cut_short_by_the_sta
     rollout.generate, rollout.status = failing_generate, down_status
     assert run_loop(loop, limit_s=60) is None
     assert learner.trained_steps == [1, 2, 3] and down["until"] is not None
+
+
+def test_a_full_buffer_is_taken_with_one_stall_check_not_one_a_group(tmp_path):
+    """The outage and stall checks run as the loop looks at the buffer, not per buffered group
+    (issue 44: a median over the step times and a dozen calls a group on the training thread)."""
+    import heapq
+
+    from controller.groups import ScoredGroup
+    from rlfleet.data.prompts import Prompt
+    from rlfleet.types import Completion
+
+    loop, _ = make_loop(tmp_path, Faults(), staleness=1)
+    prompt = Prompt(index=0, text="p", prompt_ids=[1, 2], data_source="digits", ground_truth="1")
+    for seq in range(3 * loop.B):
+        group = ScoredGroup(seq, prompt, [Completion([5], [-0.1], "stop", 0)] * 2,
+                            [ScoreResult(f"r/{i}", float(i)) for i in range(2)])
+        heapq.heappush(loop._buffer, (group.version, seq, group))
+    checks = []
+    expired = loop.stall.expired
+    loop.stall.expired = lambda facts: checks.append(1) or expired(facts)
+    batch, dropped = loop._take_batch(0)
+    assert [g.seq for g in batch] == list(range(loop.B)) and not dropped
+    assert len(checks) == 1
+    assert len(loop._buffer) == 2 * loop.B  # the rest stay buffered

@@ -147,3 +147,32 @@ def test_a_validation_episode_reads_with_its_counts_and_passes_the_tool_error_fi
     assert lines[0] == "── step 6 · prompt 4 · calc sample 1 · version 6 · reward 1.000 · finish stop ──"
     assert lines[-2:] == ["  episode: 2 turns, 1 tool calls (1 failed)", "  ground truth: 5 · answer read: 5"]
     assert select([record], _args(tool_errors=True)) == [record]
+
+
+def test_a_records_fields_and_their_order_are_those_the_samples_file_has_always_had():
+    """samples/train.jsonl lines are compared byte for byte across runs: the record's keys, in order."""
+    head = ["step", "prompt_index", "prompt", "response", "reward", "reward_error", "version",
+            "trained_version", "replica", "last_version", "finish_reason", "ground_truth"]
+    assert list(single(3, 1.0)) == head
+    assert single(3, None)["reward"] is None and single(3, None)["reward_error"] == "reward server down"
+    assert list(episode(3)) == head + ["turns", "env_reward", "env_failure", "env_error"]
+    failed = Completion([], [], "stop", 1, env_failure="timeout", env_error="slow", prompt_trim=2,
+                        env_metrics={"steps": 1.0})
+    r = ScoreResult("x/0", 0.0, ok=False, error="environment: timeout")
+    record = GRPOLoop._sample_record(1, 2, ScoredGroup(0, PROMPT, [failed], [r]), failed, r)
+    assert list(record) == head + ["turns", "env_reward", "env_failure", "env_error", "env_metrics",
+                                   "prompt_trim"]
+    assert (record["turns"], record["env_failure"], record["prompt_trim"]) == ([], "timeout", 2)
+
+
+def test_a_step_writes_at_most_samples_per_step_records_in_batch_order():
+    import types
+
+    c = Completion([1], [-0.1], "stop", 0, text="5")
+    groups = [ScoredGroup(seq, PROMPT, [c, c], [ScoreResult("x/0", float(seq)), ScoreResult("x/1", 0.5)])
+              for seq in range(2)]
+    for limit, rewards in ((None, [0.0, 0.5, 1.0, 0.5]), (3, [0.0, 0.5, 1.0]), (0, [])):
+        loop_like = types.SimpleNamespace(cfg=types.SimpleNamespace(controller=types.SimpleNamespace(
+            samples_per_step=limit)), _sample_record=GRPOLoop._sample_record)
+        records = GRPOLoop._sample_records(loop_like, 2, 1, groups)
+        assert [r["reward"] for r in records] == rewards
