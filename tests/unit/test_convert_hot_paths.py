@@ -60,3 +60,15 @@ def test_split_group_scores_an_episodes_final_turn_and_keeps_the_environments_re
         ("r/2", False, "environment: timeout: episode r/2 timed out")
     assert to_score == [t.ScoreItem("r/0", "calc", "the prompt", "#### 42", "42", {"k": 1}, "stop"),
                         t.ScoreItem("r/3", "calc", "the prompt", "answer 3", "42", {"k": 1}, "stop")]
+
+
+def test_score_results_come_back_as_the_reward_service_sent_them():
+    sent = t.ScoredBatch([t.ScoreResult("r/0", 1.0), t.ScoreResult("r/1", 0.0, ok=False, error="timeout"),
+                          t.ScoreResult("r/2", 0.5, components={"format": 1.0, "answer": 0.0})],
+                         {"format/calls": 3.0})
+    got = convert.score_results_from_proto(convert.score_results_to_proto(sent))
+    assert isinstance(got, t.ScoredBatch) and got.source_metrics == {"format/calls": 3.0}
+    assert got == sent  # field by field, as the dataclass compares
+    assert [r.components for r in got] == [{}, {}, {"format": 1.0, "answer": 0.0}]
+    with pytest.raises(AttributeError):  # still frozen
+        got[0].score = 2.0
