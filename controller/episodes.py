@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from controller.groups import item_id, score_item
+from controller.groups import group_score_item, item_id, prompt_item_fields
 from rlfleet.env.toolcalls import malformed_tool_calls
 from rlfleet.data.prompts import Prompt
 from rlfleet.env.types import FAILURE_CAUSES, UNAVAILABLE
@@ -26,6 +26,7 @@ def split_group(prompt: Prompt, completions: list[Completion],
     told of a single-turn response, with the final turn as the response)."""
     results: list[ScoreResult | None] = []
     to_score: list[ScoreItem] = []
+    shared = prompt_item_fields(prompt)  # once a group, not an item (issue 44)
     for i, c in enumerate(completions):
         if c.failed:
             results.append(ScoreResult(item_id(request_id, i), 0.0, ok=False,
@@ -34,7 +35,7 @@ def split_group(prompt: Prompt, completions: list[Completion],
             results.append(ScoreResult(item_id(request_id, i), float(c.env_reward)))
         else:
             results.append(None)
-            to_score.append(score_item(prompt, c, item_id(request_id, i), response=c.final_text))
+            to_score.append(group_score_item(shared, item_id(request_id, i), c.final_text, c.finish_reason))
     return results, to_score
 
 

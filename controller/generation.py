@@ -49,6 +49,10 @@ class Leaving(Exception):
 
 
 MAX_SCORING_THREADS = 8
+# Items that go out in a Score call of their own while another call is in flight (fewer wait for it):
+# a step's worth at 32 prompts x 8 samples. Below it a call's fixed cost (gRPC, request id, deadline)
+# dominates; above it a slow reward service gets calls in parallel, as before natural batching.
+SCORE_BATCH_ITEMS = 256
 
 
 class GenerationSide:
@@ -277,33 +281,56 @@ class GenerationSide:
     def _score_forever(self) -> None:
         """Scores the generated groups waiting, all of them in one Score call (up to
         limits.max_score_items): a Generate that returns a step's groups at once costs one reward
-        round trip, not one per group. A group whose scoring waits out a reward outage stays
-        counted as admitted, and is buffered once scored (or the run stops)."""
+        round trip, not one per group. Batching is natural: while a call is in flight, groups that
+        arrive wait for it to return and then go out together (_score_ready), so a Score call's gRPC
+        cost is paid per batch, not per group; a backlog of a full batch goes out at once on another
+        thread, so a slow reward service is still asked up to MAX_SCORING_THREADS calls at a time.
+        A group whose scoring waits out a reward outage stays counted as admitted, and is buffered
+        once scored (or the run stops)."""
+        limit = self.cfg.limits.max_score_items
         try:
             while True:
                 with self._cond:
-                    while not self._to_score:
-                        if self.stop.is_set():
+                    while not self._score_ready(min(limit, SCORE_BATCH_ITEMS)):
+                        if self.stop.is_set() and not self._to_score:
                             return
                         self._scorable.wait(0.5)
                     batch = [self._to_score.popleft()]
                     size = len(batch[0].completions)
-                    while self._to_score and size + len(self._to_score[0].completions) <= \
-                            self.cfg.limits.max_score_items:
+                    while self._to_score and size + len(self._to_score[0].completions) <= limit:
                         batch.append(self._to_score.popleft())
                         size += len(batch[-1].completions)
                     self._scoring += len(batch)
+                    if self._score_ready(min(limit, SCORE_BATCH_ITEMS)):
+                        self._scorable.notify()  # a full batch still waits: another thread takes it
                 try:
                     self._score_batch(batch)
                 finally:
                     with self._cond:
                         self._scoring -= len(batch)
+                        if self._to_score:
+                            self._scorable.notify()  # what gathered meanwhile goes out now
                         self._wake()  # the training thread; a reward back lets admission go on
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
             if not self.stop.is_set():
                 self._fail(exc)
+
+    def _score_ready(self, batch_items: int) -> bool:
+        """Whether a scoring thread should take the waiting groups now (the loop's lock held): when no
+        call is in flight, when `batch_items` items (or more) wait, or when the run stops; otherwise
+        they gather until the call in flight returns."""
+        if not self._to_score:
+            return False
+        if not self._scoring or self.stop.is_set():
+            return True
+        waiting = 0
+        for group in self._to_score:  # stops at a batch: at most batch_items / n groups looked at
+            waiting += len(group.completions)
+            if waiting >= batch_items:
+                return True
+        return False
 
     def _score_batch(self, batch: list[ScoredGroupInput]) -> None:
         for waiting in batch:

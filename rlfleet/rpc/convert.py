@@ -1,6 +1,7 @@
 """proto <-> rlfleet.types. Nothing else in a servicer knows both worlds."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from itertools import chain
 
@@ -176,13 +177,24 @@ def score_results_to_proto(results: list[t.ScoreResult]) -> reward_pb2.ScoreResp
 
 
 def score_results_from_proto(msg: reward_pb2.ScoreResponse) -> t.ScoredBatch:
-    # An empty map read as {} without a conversion: 16 items a group, a third of this call's cost; each
-    # result made by t.assemble (not the frozen __init__, issue 44)
-    return t.ScoredBatch([t.assemble(t.ScoreResult, {
-                              "id": r.id, "score": r.score, "ok": r.ok, "error": r.error,
-                              "components": dict(r.components) if r.components else {}})
-                          for r in msg.results],
-                         dict(msg.source_metrics))
+    # An empty map read as {} without a conversion: 16 items a group, a third of this call's cost. Each
+    # result made without the frozen __init__, and without t.assemble's per-object field check
+    # (~1.5 -> ~1.0 us an item, issue 44): _RESULT_FIELDS is checked against ScoreResult's at import.
+    new = object.__new__
+    results = t.ScoredBatch((), dict(msg.source_metrics))
+    for r in msg.results:
+        components = r.components
+        result = new(t.ScoreResult)
+        result.__dict__.update(id=r.id, score=r.score, ok=r.ok, error=r.error,
+                               components=dict(components) if components else {})
+        results.append(result)
+    return results
+
+
+_RESULT_FIELDS = {"id", "score", "ok", "error", "components"}
+if {f.name for f in dataclasses.fields(t.ScoreResult)} != _RESULT_FIELDS:  # a new field must be set above
+    raise ImportError(f"score_results_from_proto sets {sorted(_RESULT_FIELDS)}, ScoreResult has "
+                      f"{sorted(f.name for f in dataclasses.fields(t.ScoreResult))}")
 
 
 def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:

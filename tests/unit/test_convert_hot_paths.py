@@ -76,3 +76,15 @@ def test_a_received_completion_and_its_payload_ref_hold_every_field_and_stay_fro
         assert hash(got.payload) == hash(sent.payload)
         with pytest.raises(dataclasses.FrozenInstanceError):
             got.payload.length = 1
+
+
+def test_score_results_come_back_as_the_reward_service_sent_them():
+    sent = t.ScoredBatch([t.ScoreResult("r/0", 1.0), t.ScoreResult("r/1", 0.0, ok=False, error="timeout"),
+                          t.ScoreResult("r/2", 0.5, components={"format": 1.0, "answer": 0.0})],
+                         {"format/calls": 3.0})
+    got = convert.score_results_from_proto(convert.score_results_to_proto(sent))
+    assert isinstance(got, t.ScoredBatch) and got.source_metrics == {"format/calls": 3.0}
+    assert got == sent  # field by field, as the dataclass compares
+    assert [r.components for r in got] == [{}, {}, {"format": 1.0, "answer": 0.0}]
+    with pytest.raises(AttributeError):  # still frozen
+        got[0].score = 2.0
