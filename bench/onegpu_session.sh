@@ -15,7 +15,8 @@
 #   tests        the one-GPU gpu tests: the IPC handoff, the graph-replayed decode loop (compiled regions,
 #                finished-row compaction), Liger, the learner's memory metrics and compile, pulls during captures
 #   weights      bench/weight_sync.py --device onegpu: CUDA IPC vs gloo through host memory, 135M and 0.5B
-#   "run S N E"  rlfleet run of the arithmetic job at max_staleness=S for N steps, evaluating every E (0: never)
+#   "run S N E [src=TGZ] [key=value ...]"  rlfleet run of the arithmetic job at max_staleness=S for N steps,
+#                evaluating every E (0: never); src=TGZ runs a carried `git archive`'s code (before a change)
 #   "inservice S N STEPS"  the run phase's job for N steps with the learner's train steps and the rollout's
 #                generation calls STEPS (e.g. 8,9) traced by torch.profiler (rlfleet/profiling.py):
 #                $OUT/inservice-S.tgz (tables and Chrome traces), the top of each table printed
@@ -452,12 +453,17 @@ for l in open(sys.argv[1]):
     $(cd "$work" && ls -d "$run-prof" 2>/dev/null) 2>/dev/null
 }
 
+unpack_src() {  # TGZ: a carried `git archive`, unpacked once under $work; prints where
+  local code=$work/src-$(basename "$1" .tgz)
+  [ -d "$code" ] || { mkdir -p "$code" && tar xzf "$1" -C "$code"; } || return 1
+  echo "$code"
+}
+
 fleet_sim() {  # TAG [src=TGZ] ARGS...: one bench/fleet_sim.py run in the background
   local tag=$1 code=$PWD
   shift
   if [ "${1:-}" != "${1#src=}" ]; then
-    code=$work/src-$(basename "${1#src=}" .tgz)
-    [ -d "$code" ] || { mkdir -p "$code" && tar xzf "${1#src=}" -C "$code"; } || return 1
+    code=$(unpack_src "${1#src=}") || return 1
     shift
   fi
   # the simulator's children get PYTHONPATH=<its tree> alone: the carried wheels go on every path by a .pth
@@ -520,11 +526,18 @@ phase() {
       done ;;
     weights) timeout 300 python3 bench/weight_sync.py --device onegpu --shapes 135m,0.5b --reps 10 \
                --out "$out/weight_sync_onegpu.json" 2>&1 | quiet ;;
-    run)
-      local name="s$2-$3-$4"
-      timeout 420 "$py" -m rlfleet.app.cli run "${job[@]}" run.name=$name controller.max_staleness="$2" \
-        controller.max_steps="$3" controller.eval_every="$4" "controller.eval_before_train=$([ "$4" = 0 ] \
-        && echo false || echo true)" "${@:5}" 2>&1 | quiet | grep -v '"event": "step"' | tail -12
+    run)  # run S N E [src=TGZ] [key=value ...]: src= runs a carried `git archive`'s code (the before of a change)
+      local name="s$2-$3-$4" code=$PWD
+      local extra=("${@:5}")
+      if [[ "${5:-}" == src=* ]]; then
+        code=$(unpack_src "${5#src=}") || return 1
+        name=$name-$(basename "${5#src=}" .tgz)
+        extra=("${@:6}")
+      fi
+      (cd "$code" && PYTHONPATH=$code${PYTHONPATH:+:$PYTHONPATH} timeout 420 "$py" -m rlfleet.app.cli run \
+        "${job[@]}" run.name=$name controller.max_staleness="$2" controller.max_steps="$3" \
+        controller.eval_every="$4" "controller.eval_before_train=$([ "$4" = 0 ] && echo false || echo true)" \
+        "${extra[@]}") 2>&1 | quiet | grep -v '"event": "step"' | tail -12
       cp "$work/outputs/$name/metrics.jsonl" "$out/metrics-$name.jsonl"
       "$py" bench/step_times.py "$out/metrics-$name.jsonl"
       grep -h "transport\|memory plan" "$work/outputs/$name/logs/"*.log | head -4 ;;
