@@ -112,6 +112,8 @@ class _Client:
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
                                           report_every_s=report_every_s if report_every_s else float("inf"),
                                           extra_options=self.extra_options)
+        self._aio: grpc.aio.Channel | None = None  # calls made on the controller's event loop
+        self._aio_loop: asyncio.AbstractEventLoop | None = None
 
     @_rpc
     def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
@@ -123,61 +125,42 @@ class _Client:
         self.channel.close()
         self._close_streams()
 
-    def _close_streams(self) -> None:
-        """The asyncio channel, if any (RolloutClient)."""
-
-
-class RolloutClient(_Client):
-    role = "rollout"
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
-        self.streams = 0  # Generate streams open now (on a kept-alive channel, each watches the replica)
-        self.answered = 0.0  # time.monotonic() when a Generate stream last brought a group or ended OK
-        self._counting = threading.Lock()
-        self._aio: grpc.aio.Channel | None = None  # Generate's channel on the controller's event loop
-        self._aio_loop: asyncio.AbstractEventLoop | None = None
-
-    # ---- Generate on an event loop (controller/stream_loop.py) -----------------------------------
-    async def generate_async(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
-                             payload_sink: str = "") -> AsyncIterator[t.GroupResult]:
-        """generate() on the running event loop, over an asyncio channel with the same options (TLS,
-        token, keepalive, request ids) opened on first use; its failures translated alike."""
+    # ---- calls on an event loop (controller/stream_loop.py) -------------------------------------
+    def _aio_channel(self, rpc: str) -> grpc.aio.Channel:
+        """The asyncio channel, with the same options as the blocking one (TLS, token, keepalive,
+        request ids), opened on first use on the running loop (grpc.aio binds a channel to it)."""
         if self.closed:
-            raise _closed(self.role, self.address, "Generate")
-        if self._aio is None:
+            raise _closed(self.role, self.address, rpc)
+        loop = asyncio.get_running_loop()
+        if self._aio is None or self._aio_loop is not loop:
             self._aio = open_aio_channel(self.address, self.security, self.extra_options)
-            self._aio_loop = asyncio.get_running_loop()
+            self._aio_loop = loop
             if self.closed:  # close() ran meanwhile, on another thread, before this channel existed
                 self._close_streams()
-                raise _closed(self.role, self.address, "Generate")
-        stream = rollout_pb2_grpc.RolloutStub(self._aio).Generate(
-            convert.generate_request_to_proto(prompts, params, payload_sink), timeout=self.timeout_s)
-        self._streaming(+1)
+                raise _closed(self.role, self.address, rpc)
+        return self._aio
+
+    @contextlib.contextmanager
+    def _aio_errors(self, rpc: str) -> Iterator[None]:
+        """As _rpc_errors, for a call on the asyncio channel: its failures translated alike."""
         try:
-            async for msg in stream:
-                self.answered = time.monotonic()
-                yield convert.group_from_proto(msg)
-            self.answered = time.monotonic()
+            yield
         except grpc.RpcError as err:
-            if self.closed:  # its channel closed under it: the replica left or rejoined
-                raise _closed(self.role, self.address, "Generate") from None
-            raise _translate(self.role, self.address, "Generate", err) from None
+            if self.closed:  # its channel closed under it: the service left or the run stops
+                raise _closed(self.role, self.address, rpc) from None
+            raise _translate(self.role, self.address, rpc, err) from None
         except grpc.aio.UsageError:  # the channel closed before the call started
-            raise _closed(self.role, self.address, "Generate") from None
+            raise _closed(self.role, self.address, rpc) from None
         except asyncio.CancelledError:
             # grpc.aio cancels the calls of a channel closed under them (a drain's timeout, a leave):
-            # that is the replica gone, as for a blocking stream; the task's own cancellation goes on
+            # that is the service gone, as for a blocking call; the task's own cancellation goes on
             task = asyncio.current_task()
             if (task is not None and task.cancelling()) or not self.closed:
                 raise
-            raise _closed(self.role, self.address, "Generate") from None
-        finally:
-            self._streaming(-1)
+            raise _closed(self.role, self.address, rpc) from None
 
     def _close_streams(self) -> None:
-        """Closes the asyncio channel on its loop (its open streams fail CANCELLED there), from any
+        """Closes the asyncio channel on its loop (its open calls fail CANCELLED there), from any
         thread; a loop already stopped took its calls along."""
         channel, loop = self._aio, self._aio_loop
         if channel is None or loop is None or not loop.is_running():
@@ -191,6 +174,34 @@ class RolloutClient(_Client):
         """Closes the asyncio channel, on its loop (the run stops)."""
         if self._aio is not None:
             await self._aio.close()
+
+
+class RolloutClient(_Client):
+    role = "rollout"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self.streams = 0  # Generate streams open now (on a kept-alive channel, each watches the replica)
+        self.answered = 0.0  # time.monotonic() when a Generate stream last brought a group or ended OK
+        self._counting = threading.Lock()
+
+    async def generate_async(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
+                             payload_sink: str = "") -> AsyncIterator[t.GroupResult]:
+        """generate() on the running event loop (controller/stream_loop.py), over the asyncio channel;
+        its failures translated alike."""
+        channel = self._aio_channel("Generate")
+        stream = rollout_pb2_grpc.RolloutStub(channel).Generate(
+            convert.generate_request_to_proto(prompts, params, payload_sink), timeout=self.timeout_s)
+        self._streaming(+1)
+        try:
+            with self._aio_errors("Generate"):
+                async for msg in stream:
+                    self.answered = time.monotonic()
+                    yield convert.group_from_proto(msg)
+                self.answered = time.monotonic()
+        finally:
+            self._streaming(-1)
 
     def _streaming(self, delta: int) -> None:
         with self._counting:
@@ -237,6 +248,19 @@ class RewardClient(_Client):
     @_rpc
     def score(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
         reply = self._stub.Score(convert.score_items_to_proto(items), timeout=self.timeout_s)
+        return self._results(items, reply)
+
+    async def score_async(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
+        """score() on the running event loop (the controller's, where groups arrive: issue 44), over
+        the asyncio channel; its failures translated alike."""
+        channel = self._aio_channel("score")
+        with self._aio_errors("score"):  # named as the blocking call names it
+            reply = await reward_pb2_grpc.RewardStub(channel).Score(convert.score_items_to_proto(items),
+                                                                    timeout=self.timeout_s)
+        return self._results(items, reply)
+
+    def _results(self, items: list[t.ScoreItem], reply) -> list[t.ScoreResult]:
+        """The reply's results, checked against the items asked for, and tallied."""
         results = convert.score_results_from_proto(reply)
         if [r.id for r in results] != [i.id for i in items]:
             raise RlfleetError(f"reward service at {self.address} returned {len(results)} results for "

@@ -1,64 +1,43 @@
 """The generation side of the GRPO loop: a task per member of the rollout fleet, all on one event loop.
 
 Each member's task asks for work when its member is free (which spreads groups by load; admission is a
-FIFO hand-off, controller/admission.py), streams the member's groups (grpc.aio) to the scoring threads,
-which score them off the event loop (a slow or unreachable reward never stalls a rollout stream) and
-buffer them for the training side. A member that fails or leaves hands its prompts not yet returned
-back to the queue. One event loop rather than a thread per member (issue 44): at 256 replicas the
-threads' wake-ups (grpc's sync streams poll ten times a second) were the controller's own latency.
+FIFO hand-off, controller/admission.py), streams the member's groups (grpc.aio) and hands them to
+scoring on the same loop (controller/scoring.py: Score over grpc.aio, so a slow or unreachable reward
+never stalls a rollout stream), which buffers them for the training side. A member that fails or leaves
+hands its prompts not yet returned back to the queue. One event loop rather than a thread per member
+(issue 44): at 256 replicas the threads' wake-ups (grpc's sync streams poll ten times a second) were
+the controller's own latency.
 """
 from __future__ import annotations
 
 import asyncio
-import heapq
-import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import structlog
 
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
-from rlfleet.types import Completion, GroupResult, PromptRequest
+from rlfleet.types import GroupResult, PromptRequest
 from controller.admission import HEAD_POLL_S, IDLE_POLL_S
 from controller.fleet import LEAVING, Member
-from controller.episodes import env_unavailable, split_group
-from controller.groups import ScoredGroup
 from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
+from controller.scoring import ScoredGroupInput
 from controller.state import Dispatch, sampling_seed
 from controller.stream_loop import blocking, settle
 
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class ScoredGroupInput:
-    """A generated group waiting for its rewards."""
-
-    seq: int
-    prompt: Prompt
-    request_id: str
-    completions: list[Completion]
-    gen_s: float
-    replica: str
-
-
 class Leaving(Exception):
     """A member's generation task ends: the member is leaving or left the fleet."""
 
 
-MAX_SCORING_THREADS = 8
-# Items that go out in a Score call of their own while another call is in flight (fewer wait for it):
-# a step's worth at 32 prompts x 8 samples. Below it a call's fixed cost (gRPC, request id, deadline)
-# dominates; above it a slow reward service gets calls in parallel, as before natural batching.
-SCORE_BATCH_ITEMS = 256
-
-
 class GenerationSide:
     """The generation side of GRPOLoop (controller/loop.py): a task per fleet member (on one event
-    loop, self._streams) asks for work when the member is free, streams its groups to the scoring
-    threads, and hands its prompts back when the member fails or leaves. State lives on the loop."""
+    loop, self._streams) asks for work when the member is free, streams its groups to scoring (on the
+    same loop), and hands its prompts back when the member fails or leaves. State lives on the loop."""
 
     async def _admit(self, member: Member) -> tuple[Dispatch, float]:
         """Waits in the admission queue (controller/admission.py) until work is handed to `member`, in
@@ -145,14 +124,8 @@ class GenerationSide:
             return
         member.generating = True
         self._streams.submit(self._generate_forever(member))
-        scorers = sum(t.name.startswith("scoring-") for t in self._threads)
-        if scorers < min(MAX_SCORING_THREADS, len(self.fleet.members())):
-            self._start_scoring(scorers)
-
-    def _start_scoring(self, index: int) -> None:
-        thread = threading.Thread(target=self._score_forever, name=f"scoring-{index}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        # a Score call at a time per member (MAX_SCORE_CALLS at most: controller/scoring.py)
+        self._score_slots = max(self._score_slots, len(self.fleet.members()))
 
     async def _generate_forever(self, member: Member) -> None:
         rollout = member.client
@@ -207,30 +180,6 @@ class GenerationSide:
         finally:
             self.fleet.generation_ended(member)
 
-    def _hand_to_scoring(self, generated: dict, waiting: ScoredGroupInput) -> None:
-        """Queues a received group for the scoring threads. The groups that arrive in one turn of the
-        event loop (from any member) go together, on the loop's next turn: their `generated` journal
-        lines in one write and the groups to the scoring threads under one lock, one wake-up (a write
-        and a lock a group were a third of the loop's own time after the conversions, issue 44). The
-        lines come before the groups are scored, as before; a stop drops what is queued, as it drops
-        what the streams still carry (the journal re-queues every admitted prompt not trained)."""
-        self._arrived.append((generated, waiting))
-        if len(self._arrived) == 1:
-            asyncio.get_running_loop().call_soon(self._hand_over_arrived)
-
-    def _hand_over_arrived(self) -> None:
-        arrived, self._arrived = self._arrived, []
-        try:
-            self._note_all("generated", [generated for generated, _ in arrived])
-        except BaseException as exc:  # noqa: BLE001 - a callback's error would only be logged by asyncio
-            self._fail(exc)  # the training loop reports it and stops, as from a generation task
-            return
-        items = sum(len(waiting.completions) for _, waiting in arrived)
-        with self._cond:
-            self._to_score.extend(waiting for _, waiting in arrived)
-            # a scoring thread takes all that one Score call may carry: as many woken as calls needed
-            self._scorable.notify(-(-items // max(1, self.cfg.limits.max_score_items)))
-
     async def _stream(self, rollout, requests: list[PromptRequest], params) -> AsyncIterator[GroupResult]:
         """The member's Generate stream on the event loop; a client with only a blocking generate()
         (an in-process fake in the unit tests) is read on a worker thread, a group at a time."""
@@ -267,106 +216,16 @@ class GenerationSide:
         return min(delay * 2, RETRY_MAX_S)
 
     async def _close_streams(self) -> None:
-        """The members' asyncio channels, closed on the event loop as the run stops."""
-        for member in self.fleet.members():
-            if hasattr(member.client, "close_streams"):
-                await member.client.close_streams()
+        """The members' and the reward's asyncio channels, closed on the event loop as the run stops."""
+        for client in [m.client for m in self.fleet.members()] + [self.reward]:
+            if hasattr(client, "close_streams"):
+                await client.close_streams()
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
             if self._error is None:
                 self._error = exc
             self._wake()
-
-    def _score_forever(self) -> None:
-        """Scores the generated groups waiting, all of them in one Score call (up to
-        limits.max_score_items): a Generate that returns a step's groups at once costs one reward
-        round trip, not one per group. Batching is natural: while a call is in flight, groups that
-        arrive wait for it to return and then go out together (_score_ready), so a Score call's gRPC
-        cost is paid per batch, not per group; a backlog of a full batch goes out at once on another
-        thread, so a slow reward service is still asked up to MAX_SCORING_THREADS calls at a time.
-        A group whose scoring waits out a reward outage stays counted as admitted, and is buffered
-        once scored (or the run stops)."""
-        limit = self.cfg.limits.max_score_items
-        try:
-            while True:
-                with self._cond:
-                    while not self._score_ready(min(limit, SCORE_BATCH_ITEMS)):
-                        if self.stop.is_set() and not self._to_score:
-                            return
-                        self._scorable.wait(0.5)
-                    batch = [self._to_score.popleft()]
-                    size = len(batch[0].completions)
-                    while self._to_score and size + len(self._to_score[0].completions) <= limit:
-                        batch.append(self._to_score.popleft())
-                        size += len(batch[-1].completions)
-                    self._scoring += len(batch)
-                    if self._score_ready(min(limit, SCORE_BATCH_ITEMS)):
-                        self._scorable.notify()  # a full batch still waits: another thread takes it
-                try:
-                    self._score_batch(batch)
-                finally:
-                    with self._cond:
-                        self._scoring -= len(batch)
-                        if self._to_score:
-                            self._scorable.notify()  # what gathered meanwhile goes out now
-                        self._wake()  # the training thread; a reward back lets admission go on
-        except Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which reports it
-            if not self.stop.is_set():
-                self._fail(exc)
-
-    def _score_ready(self, batch_items: int) -> bool:
-        """Whether a scoring thread should take the waiting groups now (the loop's lock held): when no
-        call is in flight, when `batch_items` items (or more) wait, or when the run stops; otherwise
-        they gather until the call in flight returns."""
-        if not self._to_score:
-            return False
-        if not self._scoring or self.stop.is_set():
-            return True
-        waiting = 0
-        for group in self._to_score:  # stops at a batch: at most batch_items / n groups looked at
-            waiting += len(group.completions)
-            if waiting >= batch_items:
-                return True
-        return False
-
-    def _score_batch(self, batch: list[ScoredGroupInput]) -> None:
-        for waiting in batch:
-            if self.env_outage is not None:
-                unreachable = env_unavailable(waiting.completions)
-                if unreachable is not None:
-                    self.env_outage.failed(unreachable)
-                elif any(not c.failed for c in waiting.completions):
-                    self.env_outage.reached()
-            if self.env_failures is not None:  # stops the run when every episode fails (EnvironmentFailing)
-                self.env_failures.add(waiting.completions)
-        # Episodes with the environment's reward (or failed) skip the reward service.
-        split = [split_group(w.prompt, w.completions, w.request_id) for w in batch]
-        items = [item for _, to_score in split for item in to_score]
-        t0 = time.perf_counter()
-        scored_items = iter(self.recovery.score(items) if items else [])
-        elapsed = time.perf_counter() - t0
-        scored_groups = []
-        for waiting, (fixed, to_score) in zip(batch, split):
-            results = [r if r is not None else next(scored_items) for r in fixed]
-            # The call's time shared by item count, so timing/reward_s (a sum over groups) stays the
-            # time spent scoring.
-            scored_groups.append(ScoredGroup(waiting.seq, waiting.prompt, waiting.completions, results,
-                                             waiting.gen_s, elapsed * len(to_score) / max(1, len(items)),
-                                             replica=waiting.replica))
-        # The batch's `scored` lines in one write (a line a group, as before: issue 44), before any of
-        # its groups can be trained; then all of them buffered under one hold of the lock
-        self._note_all("scored", [{"seq": g.seq, "failed": g.failed} for g in scored_groups])
-        with self._cond:
-            for scored in scored_groups:
-                env_failed = sum(c.failed for c in scored.completions)
-                self._failed["items"] += scored.failed - env_failed
-                self._failed["groups"] += bool(scored.results) and scored.failed == len(scored.results)
-                if env_failed:
-                    self._env_failed.update(c.env_failure for c in scored.completions if c.failed)
-                heapq.heappush(self._buffer, (scored.version, scored.seq, scored))
 
     def buffered(self) -> int:
         """Scored groups waiting to be trained."""

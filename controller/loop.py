@@ -3,9 +3,9 @@
 A generation task per member of the rollout fleet, all on one event loop (controller/generation.py;
 members join and leave while it runs: controller/fleet.py) keeps it busy with new groups as long as
 the staleness gate admits them (and no reward outage pauses admission) and hands
-each finished group to the scoring threads, which score it (off the event loop,
-so a slow or unreachable reward never stalls a rollout stream) and buffer
-it; the training loop takes `prompts_per_step` groups (oldest version first), trains,
+each finished group to scoring on the same loop (controller/scoring.py: Score
+over grpc.aio, so a slow or unreachable reward never stalls a rollout stream),
+which buffers it; the training loop takes `prompts_per_step` groups (oldest version first), trains,
 and pushes the new weights. With `max_staleness=0` the gate admits a step's
 groups only after the weights they will be trained against are served, which
 is synchronous on-policy GRPO.
@@ -33,7 +33,7 @@ from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
 from controller.admission import AdmissionQueue
 from controller.batch_side import BatchSide
-from controller.generation import GenerationSide, ScoredGroupInput
+from controller.generation import GenerationSide
 from controller.groups import ScoredGroup
 from rlfleet.data.prompts import Prompt
 from controller.journal import Journal
@@ -43,6 +43,7 @@ from controller.payload_release import payload_releaser
 from controller.recovery import Recovery
 from controller.sample_builder import SampleBuilder
 from controller.sample_quota import SampleQuota
+from controller.scoring import ScoredGroupInput, ScoringSide
 from controller.stall import StallWatchdog
 from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, save_state, source_state
@@ -53,7 +54,7 @@ from controller.weight_sync import WeightSync
 log = structlog.get_logger(__name__)
 
 
-class GRPOLoop(GenerationSide, BatchSide):
+class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
     def __init__(self, cfg: JobConfig, source: PromptSource, rollout: RolloutClient | list[RolloutClient],
                  reward: RewardClient,
                  learner: LearnerClient, writer: RunWriter, stop: threading.Event | None = None,
@@ -69,7 +70,6 @@ class GRPOLoop(GenerationSide, BatchSide):
         self.fleet = fleet if fleet is not None else Fleet(self.rollouts, note=self._note)
         self.fleet.on_live = self._start_generation
         self.fleet.on_change = self._fleet_changed
-        self._threads: list[threading.Thread] = []  # the scoring threads
         self._streams = StreamLoop()  # the members' generation tasks, on one event loop
         self._empty_since: float | None = None  # since when no replica is live (bounded wait)
         self.rollout = self.rollouts[0] if self.rollouts else None  # the fleet may start empty
@@ -91,10 +91,6 @@ class GRPOLoop(GenerationSide, BatchSide):
         # The generation tasks wait in a queue of their own (same lock), each woken only when work is
         # handed to it (controller/admission.py, issue 44).
         self._admission: AdmissionQueue[Dispatch] = AdmissionQueue(self._streams.wake)
-        # The scoring threads wait on a condition of their own (same lock): a group's arrival wakes one
-        # of them, not every generation task waiting for admission (N wake-ups per group, ~10 % of
-        # the controller's CPU with 256 replicas in bench/fleet_sim.py, issue 34).
-        self._scorable = threading.Condition(lock)
         self._buffer: list[tuple[int, int, ScoredGroup]] = []  # heap by (version, seq)
         self._admitted = 0  # groups admitted that will still be consumed (dropped ones are given back)
         self._seq = 0
@@ -115,9 +111,11 @@ class GRPOLoop(GenerationSide, BatchSide):
         # Generated groups waiting for their rewards; at most the admitted groups (the gate's bound).
         self._to_score: deque[ScoredGroupInput] = deque()
         # Received groups and their `generated` lines, handed over once per turn of the event loop
-        # (GenerationSide._hand_to_scoring); touched only on the event loop.
+        # (ScoringSide._hand_to_scoring); touched only on the event loop.
         self._arrived: list[tuple[dict[str, Any], ScoredGroupInput]] = []
         self._scoring = 0  # groups being scored now
+        self._score_calls = 0  # Score calls in flight (on the event loop)
+        self._score_slots = 1  # members the run has had: Score calls at once (MAX_SCORE_CALLS at most)
         self._failed = Counter()  # since the last step: failed reward items, groups with no reward at all
         self._env_failed: Counter[str] = Counter()  # since the last step: failed episodes by cause
         self._failed_kept = 0  # failed episodes of dropped groups written to the samples this step
@@ -324,9 +322,7 @@ class GRPOLoop(GenerationSide, BatchSide):
             with self._cond:
                 for seq in sorted(self._live):  # the last controller state re-queues them on resume
                     self._note("requeued", seq=seq, reason="stopped")
-            self._streams.close(then=self._close_streams)
-            for thread in list(self._threads):
-                thread.join(timeout=5)
+            self._streams.close(then=self._close_streams)  # the Score calls in flight are cancelled
             self.sync.close()
             if self.env_outage is not None:
                 self.env_outage.close()

@@ -23,6 +23,7 @@ Every other wait ends after `controller.service_wait_s` with an error naming the
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -115,13 +116,35 @@ class Recovery:
             try:
                 results = self.loop.reward.score(items)
             except ServiceUnavailable as exc:
-                if self.loop.stop.is_set():  # the channel closed under a clean exit: nothing failed
-                    raise Stopped("stopping") from None
-                self.reward_outage.failed(exc)
+                self._reward_failed(exc)
                 delay = self._sleep(delay)
                 continue
             self.reward_outage.recovered()
             return results
+
+    async def score_async(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        """score() on the event loop (RewardClient.score_async, controller/scoring.py): the same
+        outage handling, its waits the loop's own sleeps, so that an outage never blocks the loop
+        (a stop cancels the sleeping task)."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                results = await self.loop.reward.score_async(items)
+            except ServiceUnavailable as exc:
+                self._reward_failed(exc)
+                await asyncio.sleep(delay)
+                if self.loop.stop.is_set():
+                    raise Stopped("stopping") from None
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self.reward_outage.recovered()
+            return results
+
+    def _reward_failed(self, exc: ServiceUnavailable) -> None:
+        """A Score call found no reward: the outage goes on (RewardOutageExpired once too long)."""
+        if self.loop.stop.is_set():  # the channel closed under a clean exit: nothing failed
+            raise Stopped("stopping") from None
+        self.reward_outage.failed(exc)
 
     # ---- rollout ------------------------------------------------------------------------------
     def requeue(self, rollout: RolloutClient, dispatch: Dispatch, pending: dict[str, tuple[int, Any]],

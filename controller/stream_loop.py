@@ -41,7 +41,14 @@ class StreamLoop:
             coroutine.close()
 
     def _start_task(self, coroutine: Coroutine[Any, Any, Any]) -> None:
-        task = self.loop.create_task(coroutine)
+        self._track(self.loop.create_task(coroutine))
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Runs `coroutine` as a task on the running loop, from a task or a callback on it (a Score
+        call, controller/scoring.py); close() cancels it with the others."""
+        self._track(asyncio.get_running_loop().create_task(coroutine))
+
+    def _track(self, task: asyncio.Task) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -100,3 +100,52 @@ def test_groups_generated_while_a_score_call_is_in_flight_go_out_in_one_call(tmp
     assert set().union(*calls) >= step_prompts
     # the first call, then the groups that waited for it: together
     assert len(calls) <= 2, calls
+
+
+class ThreadNoting(RewardClient):
+    """The real reward client; notes the thread each Score call is made from."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.threads: list[str] = []
+
+    def score(self, items):
+        self.threads.append(threading.current_thread().name)
+        return super().score(items)
+
+    async def score_async(self, items):
+        self.threads.append(threading.current_thread().name)
+        return await super().score_async(items)
+
+
+def test_groups_are_scored_on_the_event_loop_they_arrive_on_with_no_thread_hand_off(tmp_path) -> None:
+    """Every Score call of the run is made on the generation side's event loop (issue 44: the thread
+    hand-offs to scoring threads were ~10 % of the controller's GIL time), over real gRPC."""
+    cfg = JobConfig.model_validate({
+        "run": {"output_dir": str(tmp_path), "name": "on-loop"},
+        "controller": {"prompts_per_step": 4, "max_staleness": 1, "max_steps": 2,
+                       "prompts_per_request": 2, "service_wait_s": 20},
+        "rollout": {"n": N}})
+    prompts = [Prompt(index=i, text=f"p{i}", prompt_ids=[1, 2], data_source="digits", ground_truth="1")
+               for i in range(32)]
+    server = ServiceServer([SERVICE], "127.0.0.1", 0, max_workers=4)
+    servicer = FaultyReward(Behaviour())
+    server.add(reward_pb2_grpc.add_RewardServicer_to_server, servicer)
+    server.start()
+    server.mark_serving()
+    reward = ThreadNoting(server.address, timeout_s=DEADLINE_S, connect_timeout_s=10)
+    loop = GRPOLoop(cfg, PromptSource(prompts, seed=0), [FleetRollout(f"fake-rollout:{1000 + k}")
+                                                          for k in range(2)],
+                    reward, FakeLearner(Faults()), RunWriter(tmp_path, tensorboard=False),
+                    journal=Journal(tmp_path))
+    try:
+        assert run_loop(loop) is None
+    finally:
+        reward.close()
+        server.stop(grace_s=0)
+    assert 0 < servicer.calls <= len(reward.threads)  # a call the stop cancelled may not have reached it
+    assert set(reward.threads) == {"generation-streams"}, reward.threads
+    journal = [json.loads(line) for line in (tmp_path / "journal" / "prompts.jsonl").read_text().splitlines()]
+    scored = {e["seq"] for e in journal if e["event"] == "scored"}
+    trained = {e["seq"] for e in journal if e["event"] == "trained"}
+    assert len(trained) == 8 and trained <= scored

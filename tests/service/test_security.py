@@ -341,3 +341,36 @@ def test_generate_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
             asyncio.run(generate(client))
     finally:
         client.close()
+
+
+def test_score_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
+    """RewardClient.score_async (the controller's event loop, issue 44): its grpc.aio channel carries
+    the job's TLS and token, as the blocking score()'s does: served with them, refused without."""
+    import asyncio
+
+    from controller.clients import RewardClient
+    from rlfleet.errors import RlfleetError
+    from rlfleet.types import ScoreItem
+
+    reward = next(s for s in served if s.role == "reward")
+    items = [ScoreItem(id="a", data_source="custom", prompt="p", response="4", ground_truth="4")]
+
+    async def score(client: RewardClient) -> list:
+        try:
+            return await client.score_async(items)
+        finally:
+            await client.close_streams()
+
+    client = RewardClient(reward.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+                          security=client_security(pki))
+    try:
+        assert [(r.id, r.score) for r in asyncio.run(score(client))] == [("a", 1.0)]
+    finally:
+        client.close()
+    client = RewardClient(reward.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+                          security=client_security(pki, token="wrong-token-0123456789abcdef"))
+    try:
+        with pytest.raises(RlfleetError, match="UNAUTHENTICATED"):
+            asyncio.run(score(client))
+    finally:
+        client.close()

@@ -60,8 +60,8 @@ def test_waiting_groups_are_scored_together_and_each_gets_its_own_results(tmp_pa
 
 
 def test_groups_arriving_in_one_turn_of_the_event_loop_are_handed_over_together(tmp_path) -> None:
-    """Their `generated` lines in one journal write, the groups to the scoring threads together, on
-    the loop's next turn; the lines (format unchanged) come before the groups can be scored (issue 44)."""
+    """Their `generated` lines in one journal write, the groups to scoring together (one Score call),
+    on the loop's next turn; the lines (format unchanged) come before the groups can be scored (issue 44)."""
     import asyncio
 
     from controller.generation import ScoredGroupInput
@@ -77,16 +77,17 @@ def test_groups_arriving_in_one_turn_of_the_event_loop_are_handed_over_together(
 
     completions = [Completion([1], [-0.1], "stop", 2)]
 
-    async def arrive() -> tuple[int, int]:
+    async def arrive() -> tuple[tuple[int, int], tuple[int, int]]:
         for seq in range(3):
             loop._hand_to_scoring({"seq": seq, "version": 2, "replica": "h:1"},
                                   ScoredGroupInput(seq, prompt, f"r{seq}", completions, 0.1, "h:1"))
-        queued_in_the_turn = len(loop._to_score)
+        in_the_turn = (loop._scoring, loop._score_calls)
         await asyncio.sleep(0)  # the loop's next turn
-        return queued_in_the_turn, len(loop._to_score)
+        return in_the_turn, (loop._scoring, loop._score_calls)
 
-    assert asyncio.run(arrive()) == (0, 3)
-    assert [w.seq for w in loop._to_score] == [0, 1, 2] and len(writes) == 1
+    # nothing went out in the turn they arrived in; on the next, the three groups in one Score call
+    assert asyncio.run(arrive()) == ((0, 0), (3, 1))
+    assert not loop._to_score and len(writes) == 1
     loop.journal.close()
     lines = [e for e in read_journal(tmp_path / "journal" / "prompts.jsonl") if e["event"] == "generated"]
     assert [{k: v for k, v in e.items() if k != "t"} for e in lines] == \
