@@ -30,25 +30,15 @@ H200_GIB = 139.0
 def plan(cfg, model_config: dict, gpu_bytes: int, runs: int, others_bytes: int, dtype_bytes: int = 2) -> dict:
     """Each run's estimates against its shares (ConfigError as the run itself would raise it), then
     ConfigError if runs x shares + others exceed the GPU. Returns the figures (GiB)."""
-    from rlfleet.app.gpu_plan import ASSUMED_PROMPT_TOKENS
+    from rlfleet.app.gpu_plan import learner_plan, rollout_plan
     from rlfleet.errors import ConfigError
-    from rlfleet.memory_plan import GIB, MAX_SHARES, Shape, check, learner_bytes, rollout_bytes, shares
+    from rlfleet.memory_plan import GIB, MAX_SHARES, Shape
 
+    # the plans each run makes in its two processes: unset shares derived as there, same refusals
     shape = Shape.from_config(model_config)
-    rollout_share, learner_share = shares(cfg.rollout.gpu_memory_utilization,
-                                          cfg.learner.gpu_memory_utilization, shared=True)
-    prompt = cfg.data.max_prompt_length or ASSUMED_PROMPT_TOKENS
-    rollout = rollout_bytes(shape, dtype_bytes, cfg.rollout.max_batch_sequences,
-                            prompt + cfg.rollout.max_new_tokens)
-    lc = cfg.learner
-    learner = learner_bytes(shape, dtype_bytes, lc.micro_batch_tokens_on(on_gpu=True),
-                            lc.gradient_checkpointing, lc.logprob_chunk_tokens,
-                            lc.master_weights_on(dtype_bytes))
-    check("the rollout", rollout, rollout_share, gpu_bytes, "rollout.gpu_memory_utilization",
-          "rollout.max_batch_sequences, rollout.max_new_tokens or data.max_prompt_length")
-    check("the learner", learner, learner_share, gpu_bytes, "learner.gpu_memory_utilization",
-          "learner.micro_batch_tokens, or set learner.gradient_checkpointing=true / "
-          "learner.logprob_chunk_tokens")
+    shares, rollout = rollout_plan(cfg, shape, dtype_bytes, gpu_bytes, shared=True)
+    _, _, learner = learner_plan(cfg, cfg.learner, shape, dtype_bytes, gpu_bytes, shared=True)
+    rollout_share, learner_share = shares.rollout, shares.learner
     capped = runs * (rollout_share + learner_share) * gpu_bytes
     if capped + others_bytes > MAX_SHARES * gpu_bytes:
         raise ConfigError(
@@ -57,7 +47,8 @@ def plan(cfg, model_config: dict, gpu_bytes: int, runs: int, others_bytes: int, 
             f"{others_bytes / GIB:.1f} GiB for the other processes, exceed {MAX_SHARES:g} of this "
             f"{gpu_bytes / GIB:.0f} GiB GPU; lower the shares or run fewer at once")
     return {"runs": runs, "gpu_gib": round(gpu_bytes / GIB, 1),
-            "rollout": {"share": rollout_share, "estimate_gib": round(sum(rollout.values()) / GIB, 2)},
+            "rollout": {"share": rollout_share,
+                        "estimate_gib": round(sum(rollout.values()) / GIB, 2) if rollout else None},
             "learner": {"share": learner_share, "estimate_gib": round(sum(learner.values()) / GIB, 2)},
             "runs_capped_gib": round(capped / GIB, 1), "others_gib": round(others_bytes / GIB, 1)}
 

@@ -12,6 +12,7 @@ Pure: the model's config.json as a dict, the job config and the GPU's size in; n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rlfleet.errors import ConfigError
 
@@ -120,25 +121,84 @@ def largest_micro_batch(shape: Shape, dtype_bytes: int, budget_bytes: float, che
     return best
 
 
-def shares(rollout_share: float | None, learner_share: float | None, shared: bool) -> tuple[float, float]:
-    """The two shares in force: the configured ones, or the defaults for a shared or an own GPU."""
-    rollout = rollout_share if rollout_share is not None else (
-        SHARED_ROLLOUT_SHARE if shared else ALONE_ROLLOUT_SHARE)
-    learner = learner_share if learner_share is not None else (SHARED_LEARNER_SHARE if shared else 1.0)
-    if shared and rollout + learner > MAX_SHARES:
-        raise ConfigError(f"rollout.gpu_memory_utilization ({rollout:g}) + learner.gpu_memory_utilization "
-                          f"({learner:g}) = {rollout + learner:g} on one shared GPU; together they may "
-                          f"take at most {MAX_SHARES:g} (the rest is the two processes' CUDA contexts)")
-    return rollout, learner
+class Shares(NamedTuple):
+    """The two shares in force and why they are what they are (the plans log it)."""
+    rollout: float
+    learner: float
+    why: str
 
 
-def check(role: str, need: dict[str, int], share: float, gpu_bytes: int, key: str, hints: str) -> None:
-    """ConfigError naming the role's share key, the sizes and what to change, when `need` exceeds it."""
+def whole_percent_up(need_bytes: int, gpu_bytes: int) -> float:
+    """The smallest whole percent of the GPU that holds `need_bytes` (integers: no float rounding)."""
+    return -(-need_bytes * 100 // gpu_bytes) / 100
+
+
+def resolve_shares(rollout_share: float | None, learner_share: float | None, shared: bool,
+                   rollout_need_bytes: int | None = None, gpu_bytes: int = 0) -> Shares:
+    """The two shares in force: a configured one as it is; an unset one from the defaults and the plan.
+
+    On a GPU of its own each role takes ALONE_ROLLOUT_SHARE / all of it. On a shared GPU the defaults
+    (SHARED_ROLLOUT_SHARE, SHARED_LEARNER_SHARE) were measured on a 139 GiB H200 while the rollout's
+    need is absolute, so an unset share is derived rather than fixed:
+    - the rollout's: its estimate (`rollout_need_bytes`, None where its engine sizes itself) in whole
+      percents rounded up, never below SHARED_ROLLOUT_SHARE; with the learner's share set, at most what
+      that leaves of MAX_SHARES (the rollout's check then says when that is too little);
+    - the learner's: what the rollout's leaves of MAX_SHARES, never above SHARED_LEARNER_SHARE (its own
+      check and auto micro-batch decide what it does with it).
+    Both shares set: kept, and refused when together over MAX_SHARES. Each process computes this from
+    the whole job, so the rollout's and the learner's processes reach the same answer."""
+    if not shared:
+        return Shares(ALONE_ROLLOUT_SHARE if rollout_share is None else rollout_share,
+                      1.0 if learner_share is None else learner_share, "a GPU of its own")
+    reasons = []
+    if rollout_share is None:
+        rollout_share = SHARED_ROLLOUT_SHARE
+        if rollout_need_bytes is not None:
+            rollout_share = max(rollout_share, whole_percent_up(rollout_need_bytes, gpu_bytes))
+        if learner_share is not None:
+            rollout_share = min(rollout_share, round(MAX_SHARES - learner_share, 2))
+            _refuse_nothing_left(rollout_share, "learner", learner_share, "rollout")
+        reasons.append(_rollout_reason(rollout_share, rollout_need_bytes, gpu_bytes, learner_share))
+    if learner_share is None:
+        learner_share = min(SHARED_LEARNER_SHARE, round(MAX_SHARES - rollout_share, 2))
+        _refuse_nothing_left(learner_share, "rollout", rollout_share, "learner")
+        reasons.append(f"learner: at most {SHARED_LEARNER_SHARE:g}, within {MAX_SHARES:g} together")
+    together = rollout_share + learner_share
+    if together > MAX_SHARES + 1e-9:  # a derived 0.59 beside 0.36 may add up to 0.9500000000000001
+        raise ConfigError(f"rollout.gpu_memory_utilization ({rollout_share:g}) + learner.gpu_memory_"
+                          f"utilization ({learner_share:g}) = {together:g} on one shared GPU; together they "
+                          f"may take at most {MAX_SHARES:g} (the rest is the two processes' CUDA contexts)")
+    return Shares(rollout_share, learner_share, "; ".join(reasons) or "both set")
+
+
+def _refuse_nothing_left(derived: float, set_role: str, set_share: float, other_role: str) -> None:
+    if derived <= 0:
+        raise ConfigError(f"{set_role}.gpu_memory_utilization ({set_share:g}) leaves the {other_role} "
+                          f"nothing of the {MAX_SHARES:g} the two roles may take together on one shared GPU; "
+                          f"lower it, or give each role a GPU of its own")
+
+
+def _rollout_reason(share: float, need_bytes: int | None, gpu_bytes: int, learner_share: float | None) -> str:
+    if learner_share is not None and share < SHARED_ROLLOUT_SHARE:
+        return f"rollout: what learner.gpu_memory_utilization={learner_share:g} leaves"
+    if need_bytes is None:
+        return f"rollout: the default {SHARED_ROLLOUT_SHARE:g} (its engine sizes itself)"
+    return (f"rollout: its estimate {need_bytes / GIB:.1f} GiB of this {gpu_bytes / GIB:.0f} GiB GPU, "
+            f"at least {SHARED_ROLLOUT_SHARE:g}")
+
+
+def check(role: str, need: dict[str, int], share: float, gpu_bytes: int, key: str, hints: str,
+          why: str = "", can_raise: bool = True) -> None:
+    """ConfigError naming the role's share key, the sizes and what to change, when `need` exceeds it.
+    `why`: how the share was chosen when the user did not set it; `can_raise`: False where no larger
+    share is possible (the rollout's need beyond MAX_SHARES of a shared GPU)."""
     budget = share * gpu_bytes
     total = sum(need.values())
     if total <= budget:
         return
     parts = ", ".join(f"{name} {size / GIB:.1f}" for name, size in need.items() if size >= GIB // 20)
+    derived = f" ({why})" if why else ""
+    remedy = f"raise {key} or lower {hints}" if can_raise else f"lower {hints}"
     raise ConfigError(f"{role} needs about {total / GIB:.1f} GiB of GPU memory ({parts} GiB) but {key}="
-                      f"{share:g} of this {gpu_bytes / GIB:.0f} GiB GPU gives it {budget / GIB:.1f} GiB; "
-                      f"raise {key} or lower {hints}")
+                      f"{share:g}{derived} of this {gpu_bytes / GIB:.0f} GiB GPU gives it {budget / GIB:.1f} "
+                      f"GiB; {remedy}")

@@ -6,7 +6,7 @@ import pytest
 
 from rlfleet.errors import ConfigError
 from rlfleet.memory_plan import (AUTO_MICRO_BATCH_MAX, GIB, Shape, check, largest_micro_batch, learner_bytes,
-                                 rollout_bytes, shares)
+                                 resolve_shares, rollout_bytes)
 
 # SmolLM2-135M's config.json (the parts the plan reads)
 SMOL = {"num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
@@ -46,12 +46,13 @@ def test_learner_estimate_by_hand() -> None:
 
 
 def test_shares_defaults_and_their_sum() -> None:
-    assert shares(None, None, shared=True) == (0.30, 0.60)
-    assert shares(None, None, shared=False) == (0.85, 1.0)
-    assert shares(0.2, 0.7, shared=True) == (0.2, 0.7)
+    # without an estimate (the shares derived from one: tests/unit/test_shared_gpu_shares.py)
+    assert resolve_shares(None, None, shared=True)[:2] == (0.30, 0.60)
+    assert resolve_shares(None, None, shared=False)[:2] == (0.85, 1.0)
+    assert resolve_shares(0.2, 0.7, shared=True)[:2] == (0.2, 0.7)
     with pytest.raises(ConfigError, match=r"rollout.gpu_memory_utilization \(0.5\) \+ "
                                           r"learner.gpu_memory_utilization \(0.6\) = 1\.1"):
-        shares(0.5, None, shared=True)
+        resolve_shares(0.5, 0.6, shared=True)
 
 
 def test_an_oversized_rollout_is_refused_naming_keys_and_sizes() -> None:
