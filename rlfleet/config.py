@@ -88,8 +88,9 @@ class RolloutConfig(ServiceEndpointConfig):
 
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="share of its GPU's memory the rollout may take (vLLM's setting; "
-        "the transformers engine caps its allocator at it); null: 0.85 on a GPU of its own, 0.30 on a GPU "
-        "shared with the learner (docs/performance.md, one GPU)")
+        "the transformers engine caps its allocator at it); null: 0.85 on a GPU of its own; on a GPU shared "
+        "with the learner, the memory plan's estimate in whole percents, at least 0.30, at most what a set "
+        "learner.gpu_memory_utilization leaves of 0.95 (docs/performance.md, one GPU)")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length; null: the model's")
     inflight_updates: bool = Field(True, description="vLLM: requests in flight continue under new weights "
                                    "(else a weight update waits for them to finish)")

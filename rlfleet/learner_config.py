@@ -39,8 +39,8 @@ class LearnerConfig(ServiceEndpointConfig):
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps; 0 only at the end")
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="share of its GPU's memory the learner may take; null: no cap on a "
-        "GPU of its own, 0.60 on a GPU shared with a rollout (with rollout.gpu_memory_utilization at most "
-        "0.95)")
+        "GPU of its own; on a GPU shared with a rollout, what the rollout's share leaves of 0.95, at most "
+        "0.60 (docs/performance.md, one GPU)")
     weight_backend: Literal["auto", "ipc", "nccl", "gloo"] = Field(
         "auto", description="weight-sync transport; auto follows placement: CUDA IPC when the rollouts share "
         "the learner's GPU, NCCL when each has a GPU of its own, else gloo (host memory)")
