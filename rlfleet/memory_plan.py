@@ -152,13 +152,15 @@ def resolve_shares(rollout_share: float | None, learner_share: float | None, sha
                       1.0 if learner_share is None else learner_share, "a GPU of its own")
     reasons = []
     if rollout_share is None:
-        rollout_share = SHARED_ROLLOUT_SHARE
+        wanted = SHARED_ROLLOUT_SHARE
         if rollout_need_bytes is not None:
-            rollout_share = max(rollout_share, whole_percent_up(rollout_need_bytes, gpu_bytes))
+            wanted = max(wanted, whole_percent_up(rollout_need_bytes, gpu_bytes))
+        rollout_share = wanted
         if learner_share is not None:
-            rollout_share = min(rollout_share, round(MAX_SHARES - learner_share, 2))
+            rollout_share = min(wanted, round(MAX_SHARES - learner_share, 2))
             _refuse_nothing_left(rollout_share, "learner", learner_share, "rollout")
-        reasons.append(_rollout_reason(rollout_share, rollout_need_bytes, gpu_bytes, learner_share))
+        reasons.append(f"rollout: what learner.gpu_memory_utilization={learner_share:g} leaves"
+                       if rollout_share < wanted else _rollout_reason(rollout_need_bytes, gpu_bytes))
     if learner_share is None:
         learner_share = min(SHARED_LEARNER_SHARE, round(MAX_SHARES - rollout_share, 2))
         _refuse_nothing_left(learner_share, "rollout", rollout_share, "learner")
@@ -178,9 +180,7 @@ def _refuse_nothing_left(derived: float, set_role: str, set_share: float, other_
                           f"lower it, or give each role a GPU of its own")
 
 
-def _rollout_reason(share: float, need_bytes: int | None, gpu_bytes: int, learner_share: float | None) -> str:
-    if learner_share is not None and share < SHARED_ROLLOUT_SHARE:
-        return f"rollout: what learner.gpu_memory_utilization={learner_share:g} leaves"
+def _rollout_reason(need_bytes: int | None, gpu_bytes: int) -> str:
     if need_bytes is None:
         return f"rollout: the default {SHARED_ROLLOUT_SHARE:g} (its engine sizes itself)"
     return (f"rollout: its estimate {need_bytes / GIB:.1f} GiB of this {gpu_bytes / GIB:.0f} GiB GPU, "

@@ -58,6 +58,8 @@ def test_set_shares_are_kept_and_only_an_unset_one_derived() -> None:
     # the rollout's unset share: its need (at least the default), at most what the learner's leaves
     assert resolve_shares(None, 0.55, True, NEED_135M, H100)[:2] == (0.34, 0.55)
     assert resolve_shares(None, 0.7, True, NEED_135M, H200)[:2] == (0.25, 0.7)
+    capped = resolve_shares(None, 0.65, True, NEED_135M, H100)  # wants 0.34, 0.30 is left
+    assert capped[:2] == (0.30, 0.65) and "what learner.gpu_memory_utilization=0.65 leaves" in capped.why
     # a GPU of its own for each: as before
     assert resolve_shares(None, None, False, NEED_135M, H100)[:2] == (0.85, 1.0)
     assert resolve_shares(0.5, 0.9, False, NEED_135M, H100)[:2] == (0.5, 0.9)
