@@ -121,6 +121,12 @@ def largest_micro_batch(shape: Shape, dtype_bytes: int, budget_bytes: float, che
     return best
 
 
+#: a derived rollout share holds its estimate and this much more: the estimate is the plan's, not a
+#: measurement, and an allocator capped at exactly it has no room for what the plan leaves out (the
+#: one-GPU job ran on an 80 GB H100 at 0.36 for a 26.9 GiB estimate, 2026-12-05)
+ROLLOUT_HEADROOM = 1.05
+
+
 class Shares(NamedTuple):
     """The two shares in force and why they are what they are (the plans log it)."""
     rollout: float
@@ -140,9 +146,10 @@ def resolve_shares(rollout_share: float | None, learner_share: float | None, sha
     On a GPU of its own each role takes ALONE_ROLLOUT_SHARE / all of it. On a shared GPU the defaults
     (SHARED_ROLLOUT_SHARE, SHARED_LEARNER_SHARE) were measured on a 139 GiB H200 while the rollout's
     need is absolute, so an unset share is derived rather than fixed:
-    - the rollout's: its estimate (`rollout_need_bytes`, None where its engine sizes itself) in whole
-      percents rounded up, never below SHARED_ROLLOUT_SHARE; with the learner's share set, at most what
-      that leaves of MAX_SHARES (the rollout's check then says when that is too little);
+    - the rollout's: its estimate (`rollout_need_bytes`, None where its engine sizes itself) and
+      ROLLOUT_HEADROOM, in whole percents rounded up, never below SHARED_ROLLOUT_SHARE; with the
+      learner's share set, at most what that leaves of MAX_SHARES (the rollout's check then says when
+      that is too little);
     - the learner's: what the rollout's leaves of MAX_SHARES, never above SHARED_LEARNER_SHARE (its own
       check and auto micro-batch decide what it does with it).
     Both shares set: kept, and refused when together over MAX_SHARES. Each process computes this from
@@ -154,7 +161,7 @@ def resolve_shares(rollout_share: float | None, learner_share: float | None, sha
     if rollout_share is None:
         wanted = SHARED_ROLLOUT_SHARE
         if rollout_need_bytes is not None:
-            wanted = max(wanted, whole_percent_up(rollout_need_bytes, gpu_bytes))
+            wanted = max(wanted, whole_percent_up(int(rollout_need_bytes * ROLLOUT_HEADROOM), gpu_bytes))
         rollout_share = wanted
         if learner_share is not None:
             rollout_share = min(wanted, round(MAX_SHARES - learner_share, 2))
@@ -183,8 +190,8 @@ def _refuse_nothing_left(derived: float, set_role: str, set_share: float, other_
 def _rollout_reason(need_bytes: int | None, gpu_bytes: int) -> str:
     if need_bytes is None:
         return f"rollout: the default {SHARED_ROLLOUT_SHARE:g} (its engine sizes itself)"
-    return (f"rollout: its estimate {need_bytes / GIB:.1f} GiB of this {gpu_bytes / GIB:.0f} GiB GPU, "
-            f"at least {SHARED_ROLLOUT_SHARE:g}")
+    return (f"rollout: its estimate {need_bytes / GIB:.1f} GiB of this {gpu_bytes / GIB:.0f} GiB GPU and "
+            f"{ROLLOUT_HEADROOM - 1:.0%} more, at least {SHARED_ROLLOUT_SHARE:g}")
 
 
 def check(role: str, need: dict[str, int], share: float, gpu_bytes: int, key: str, hints: str,

@@ -35,8 +35,8 @@ def test_shares_that_add_up_past_the_gpu_are_refused(capsys):
 
 
 def test_one_run_of_the_135m_gsm8k_job_on_an_h100_takes_the_shares_it_would_derive(capsys):
-    # the rollout's 26.85 GiB estimate is 0.34 of a 79.2 GiB H100 (the default 0.30 gives 23.8 GiB)
+    # the rollout's 26.85 GiB estimate and 5 % more: 0.36 of a 79.2 GiB H100 (the default 0.30: 23.8 GiB)
     gsm8k = str(REPO / "deploy" / "configs" / "gsm8k-smollm2-135m.yaml")
     assert main(["--config", gsm8k, "--runs", "1", "--gpu-gib", "79.2", "rollout.max_new_tokens=128"]) == 0
     out = capsys.readouterr().out
-    assert '"rollout": {"share": 0.34, "estimate_gib": 26.85}' in out and '"learner": {"share": 0.6,' in out
+    assert '"rollout": {"share": 0.36, "estimate_gib": 26.85}' in out and '"learner": {"share": 0.59,' in out

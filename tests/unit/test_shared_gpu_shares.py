@@ -32,13 +32,14 @@ def job(*overrides: str):
 # -- the pure rule ---------------------------------------------------------------------------------
 
 def test_unset_shares_give_the_rollout_its_need_and_the_learner_the_rest() -> None:
-    # 26.9 / 79.2 = 0.3397 -> 0.34 (whole percents, up); the learner: min(0.60, 0.95 - 0.34) = 0.60
+    # 26.9 x 1.05 (ROLLOUT_HEADROOM) / 79.2 = 0.3567 -> 0.36 (whole percents, up); the learner:
+    # min(0.60, 0.95 - 0.36) = 0.59 (the shares the one-GPU job ran with on an H100, 2026-12-05)
     on_h100 = resolve_shares(None, None, shared=True, rollout_need_bytes=NEED_135M, gpu_bytes=H100)
-    assert (on_h100.rollout, on_h100.learner) == (0.34, 0.60)
+    assert (on_h100.rollout, on_h100.learner) == (0.36, 0.59)
     assert "26.9 GiB" in on_h100.why
-    # a larger need: 40 / 79.2 = 0.505 -> 0.51, the learner 0.95 - 0.51 = 0.44
+    # a larger need: 40 x 1.05 / 79.2 = 0.530 -> 0.54, the learner 0.95 - 0.54 = 0.41
     big = resolve_shares(None, None, shared=True, rollout_need_bytes=40 * GIB, gpu_bytes=H100)
-    assert (big.rollout, big.learner) == (0.51, 0.44)
+    assert (big.rollout, big.learner) == (0.54, 0.41)
 
 
 def test_on_a_large_gpu_the_measured_defaults_stay() -> None:
@@ -56,9 +57,9 @@ def test_set_shares_are_kept_and_only_an_unset_one_derived() -> None:
     assert resolve_shares(0.36, None, True, NEED_135M, H100)[:2] == (0.36, 0.59)
     assert resolve_shares(0.2, None, True, NEED_135M, H100)[:2] == (0.2, 0.60)
     # the rollout's unset share: its need (at least the default), at most what the learner's leaves
-    assert resolve_shares(None, 0.55, True, NEED_135M, H100)[:2] == (0.34, 0.55)
+    assert resolve_shares(None, 0.55, True, NEED_135M, H100)[:2] == (0.36, 0.55)
     assert resolve_shares(None, 0.7, True, NEED_135M, H200)[:2] == (0.25, 0.7)
-    capped = resolve_shares(None, 0.65, True, NEED_135M, H100)  # wants 0.34, 0.30 is left
+    capped = resolve_shares(None, 0.65, True, NEED_135M, H100)  # wants 0.36, 0.30 is left
     assert capped[:2] == (0.30, 0.65) and "what learner.gpu_memory_utilization=0.65 leaves" in capped.why
     # a GPU of its own for each: as before
     assert resolve_shares(None, None, False, NEED_135M, H100)[:2] == (0.85, 1.0)
@@ -87,7 +88,7 @@ def test_the_135m_job_fits_an_h100_with_derived_shares() -> None:
     learner_shares, learner_cfg, _ = learner_plan(cfg, cfg.learner, SMOL, 2, H100, shared=True)
     # both processes reach the same shares from the job
     assert rollout_shares == learner_shares
-    assert (rollout_shares.rollout, rollout_shares.learner) == (0.34, 0.60)
+    assert (rollout_shares.rollout, rollout_shares.learner) == (0.36, 0.59)
     assert learner_cfg.micro_batch_tokens == 32768
 
 
@@ -132,12 +133,12 @@ def test_a_rollout_too_big_for_the_gpu_is_refused_naming_the_keys() -> None:
 def test_a_learner_that_cannot_fit_what_is_left_is_refused_naming_the_keys() -> None:
     from rlfleet.app.gpu_plan import learner_plan
 
-    # 1024 sequences double the rollout's KV cache: 52.5 GiB of 79.2 = 0.663 -> 0.67 of the H100; the
-    # learner keeps 0.28 (22.2 GiB), too little for 32768-token micro-batches without checkpointing and
+    # 1024 sequences double the rollout's KV cache: 52.5 GiB x 1.05 of 79.2 = 0.696 -> 0.70 of the H100;
+    # the learner keeps 0.25 (19.8 GiB), too little for 32768-token micro-batches without checkpointing and
     # with whole-batch logits (55.0 GiB)
     cfg = job("rollout.max_batch_sequences=1024", "learner.logprob_chunk_tokens=0")
     with pytest.raises(ConfigError) as err:
         learner_plan(cfg, cfg.learner, SMOL, 2, H100, shared=True)
     text = str(err.value)
-    assert "the learner needs about" in text and "learner.gpu_memory_utilization=0.28 (unset" in text
+    assert "the learner needs about" in text and "learner.gpu_memory_utilization=0.25 (unset" in text
     assert "learner.micro_batch_tokens" in text and "learner.gradient_checkpointing" in text
