@@ -33,7 +33,7 @@ def job(*overrides: str):
 
 def test_unset_shares_give_the_rollout_its_need_and_the_learner_the_rest() -> None:
     # 26.9 x 1.05 (ROLLOUT_HEADROOM) / 79.2 = 0.3567 -> 0.36 (whole percents, up); the learner:
-    # min(0.60, 0.95 - 0.36) = 0.59 (the shares the one-GPU job ran with on an H100, 2026-12-05)
+    # min(0.60, 0.95 - 0.36) = 0.59 (the one-GPU job ran on an H100 at 0.36 / 0.55, 2026-12-05)
     on_h100 = resolve_shares(None, None, shared=True, rollout_need_bytes=NEED_135M, gpu_bytes=H100)
     assert (on_h100.rollout, on_h100.learner) == (0.36, 0.59)
     assert "26.9 GiB" in on_h100.why
