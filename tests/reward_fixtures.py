@@ -65,3 +65,23 @@ def hang_and_tell(data_source: str, solution_str: str, ground_truth: str,
         while True:
             time.sleep(3600)
     return score(data_source, solution_str, ground_truth, extra_info)
+
+
+def gated(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """Like `score`, but only the first $RLFLEET_TEST_GATE_FREE items (counted across the worker
+    processes, one byte each appended to $RLFLEET_TEST_GATE/calls) are scored at once; every later one
+    waits until $RLFLEET_TEST_GATE/open exists: a test holds a step's Score calls, so its Train cannot
+    begin, for as long as it needs (tests/e2e/test_data_plane_staging.py)."""
+    import os
+    from pathlib import Path
+
+    gate = Path(os.environ["RLFLEET_TEST_GATE"])
+    fd = os.open(gate / "calls", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+    if (gate / "calls").stat().st_size > int(os.environ["RLFLEET_TEST_GATE_FREE"]):
+        while not (gate / "open").exists():
+            time.sleep(0.01)
+    return score(data_source, solution_str, ground_truth, extra_info)

@@ -4,10 +4,12 @@ staged loses nothing: the step trains them from the learner's staging store, and
 `payload_lost` (before staging, the learner fetched them from the dead replica at Train time and the
 controller re-queued them).
 
-Deterministic order: once step k's groups are all generated (max_staleness=0: the replica then idles
-until version k is pushed) the controller is frozen (SIGSTOP), so its Train call for step k cannot start;
-the test waits until the replica reports every group it generated pushed, checks that the learner has
-not begun step k, kills the replica, and lets the controller go on (SIGCONT)."""
+Deterministic order (max_staleness=0: step 2 is generated only after step 1 trained): the reward function
+(tests.reward_fixtures:gated) scores step 1's items and holds every later one until the test opens its
+gate, so step 2's Train cannot begin; the test waits until step 2's groups are all generated and the
+replica reports them pushed to the learner, checks that the learner has not begun step 2, kills the
+replica and opens the gate. (Before, the test froze the controller between a step's last group and its
+Train call: a window that Score calls on the event loop made too short to hit on a loaded machine.)"""
 from __future__ import annotations
 
 import json
@@ -33,7 +35,10 @@ ARGS = ("controller.max_staleness=0", f"controller.prompts_per_step={GROUPS}",
         "controller.prompts_per_request=2", "rollout.n=4", "tracking.tensorboard=false",
         "learner.checkpoint_every=1", "learner.weight_sync_timeout_s=10", "controller.service_wait_s=120",
         "run.max_restarts=2",
-        f"controller.max_steps={STEPS}", "controller.data_plane=flight")
+        f"controller.max_steps={STEPS}", "controller.data_plane=flight",
+        "reward.fn=tests.reward_fixtures:gated", "reward.fn_isolation=process")
+N_SAMPLES = 4  # rollout.n
+HELD_STEP = 2
 
 
 def _events(run: Path) -> list[dict]:
@@ -54,46 +59,39 @@ def _status(run: Path, role: str) -> common_pb2.ServiceStatus:
         channel.close()
 
 
-def _freeze_with_a_step_staged(run: Path, proc: subprocess.Popen) -> int:
-    """SIGSTOPs the controller once a step's groups are all generated and pushed to the learner, its
-    Train not begun; returns the step. Should the learner have begun the step already (the freeze came
-    late on a loaded machine), the controller goes on and the next step is tried."""
+def _hold_a_step_staged(run: Path, proc: subprocess.Popen) -> None:
+    """Returns once step HELD_STEP's groups are all generated and pushed to the learner, their Score
+    calls held at the reward's gate, so that step's Train has not begun."""
     deadline = time.monotonic() + 240
-    for step in range(2, STEPS):
-        while len({e["seq"] for e in _events(run) if e["event"] == "generated"}) < GROUPS * step:
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, f"step {step}'s groups were not generated"
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGSTOP)
-        generated = len({e["seq"] for e in _events(run) if e["event"] == "generated"})
-        while _status(run, "rollout").stats.get("payload_pushed", 0) < generated:  # off the controller
-            assert time.monotonic() < deadline, "the replica never reported its groups pushed to the learner"
-            time.sleep(0.05)
-        learner = _status(run, "learner")
-        trained = any(e["event"] == "trained" and e["step"] == step for e in _events(run))
-        if not trained and learner.in_flight <= 0 and learner.stats["step"] == step - 1:
-            return step
-        os.kill(proc.pid, signal.SIGCONT)
-    raise AssertionError("every step's Train began before the controller could be frozen")
+    while len({e["seq"] for e in _events(run) if e["event"] == "generated"}) < GROUPS * HELD_STEP:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"step {HELD_STEP}'s groups were not generated"
+        time.sleep(0.01)
+    generated = len({e["seq"] for e in _events(run) if e["event"] == "generated"})
+    while _status(run, "rollout").stats.get("payload_pushed", 0) < generated:  # off the controller
+        assert time.monotonic() < deadline, "the replica never reported its groups pushed to the learner"
+        time.sleep(0.05)
+    learner = _status(run, "learner")
+    assert not any(e["event"] == "trained" and e["step"] == HELD_STEP for e in _events(run))
+    assert learner.in_flight <= 0 and learner.stats["step"] == HELD_STEP - 1
 
 
 def test_a_replica_killed_after_its_groups_were_staged_loses_none_of_them(run_dir):
     run = run_dir / "staged"
+    gate = run_dir / "reward-gate"
+    gate.mkdir(parents=True)
+    env = {**os.environ, "RLFLEET_TEST_GATE": str(gate), "RLFLEET_TEST_GATE_FREE": str(GROUPS * N_SAMPLES)}
     proc = subprocess.Popen([sys.executable, "-m", "rlfleet.app.cli", "run", f"run.output_dir={run_dir}",
-                             "run.name=staged", *ARGS], cwd=REPO, stdout=subprocess.PIPE,
+                             "run.name=staged", *ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    frozen = False
     try:
-        step = _freeze_with_a_step_staged(run, proc)
-        frozen = True
+        _hold_a_step_staged(run, proc)
         pid = _service(run, "rollout")["pid"]
         os.kill(pid, signal.SIGKILL)
-        os.kill(proc.pid, signal.SIGCONT)
-        frozen = False
+        (gate / "open").touch()
         _, err = proc.communicate(timeout=300)
     finally:
-        if frozen:
-            os.kill(proc.pid, signal.SIGCONT)
+        (gate / "open").touch()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -105,7 +103,7 @@ def test_a_replica_killed_after_its_groups_were_staged_loses_none_of_them(run_di
     events = _events(run)
     lost = [e for e in events if e["event"] == "requeued" and e.get("reason") == "payload_lost"]
     assert lost == []  # the dead replica's groups were staged at the learner: trained, not generated again
-    step_groups = {e["seq"] for e in events if e["event"] == "trained" and e["step"] == step}
+    step_groups = {e["seq"] for e in events if e["event"] == "trained" and e["step"] == HELD_STEP}
     assert len(step_groups) == GROUPS
     result = audit(run / "journal" / "prompts.jsonl")
     assert result.lost == [] and result.trained_twice == []
