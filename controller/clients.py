@@ -162,16 +162,18 @@ class _Client:
     async def _watch_connection(self, channel: grpc.aio.Channel) -> None:
         """Keeps `connected` true while `channel` is READY, until it closes; a connection lost (its
         pings unanswered for KEEPALIVE_TIMEOUT_S, or closed by the peer) is asked for again at once, so
-        a replica that answers again is watched again. Woken only by a change of state: no polling."""
+        a replica that answers again is watched again. Woken only by a change of state: no polling.
+        A channel replaced by one on another loop stops speaking for the client."""
         ready, shutdown = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.SHUTDOWN
         try:
             state = channel.get_state(try_to_connect=True)
-            while state != shutdown and not self.closed:
+            while state != shutdown and not self.closed and channel is self._aio:
                 self.connected = state == ready
                 await channel.wait_for_state_change(state)
                 state = channel.get_state(try_to_connect=True)
         finally:
-            self.connected = False
+            if channel is self._aio:
+                self.connected = False
 
     @contextlib.contextmanager
     def _aio_errors(self, rpc: str) -> Iterator[None]:
