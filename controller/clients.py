@@ -206,9 +206,12 @@ class _Client:
             pass
 
     async def close_streams(self) -> None:
-        """Closes the asyncio channel, on its loop (the run stops)."""
+        """Closes the asyncio channel, on its loop (the run stops), and lets its connection watch end
+        before the loop stops (a task left pending there is reported when the loop is collected)."""
         if self._aio is not None:
             await self._aio.close()
+        if self._connection_watch is not None:
+            await asyncio.wait([self._connection_watch], timeout=1.0)
 
 
 class RolloutClient(_Client):

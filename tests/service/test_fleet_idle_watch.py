@@ -160,3 +160,14 @@ def test_a_killed_idle_member_is_removed_at_the_next_beats(idle_fleet):
     fleet, replicas = idle_fleet(2)
     took_s = _removed_within(fleet, replicas, signal.SIGKILL)
     assert took_s < OLD_BOUND_S + SLACK_S, took_s
+
+
+def test_the_connection_watch_ends_with_the_runs_close_of_the_streams(idle_fleet, tmp_path):
+    """The run stops: its loop closes each client's asyncio channel (close_streams) and then stops; the
+    watch must be over by then, not left pending on a stopped loop."""
+    fleet, _ = idle_fleet(1)
+    client = fleet.members()[0].client
+    loop = client._aio_loop
+    assert client.connected and not client.connection_watch_done()
+    asyncio.run_coroutine_threadsafe(client.close_streams(), loop).result(timeout=30)
+    assert client.connection_watch_done() and not client.connected
