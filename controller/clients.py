@@ -114,6 +114,11 @@ class _Client:
                                           extra_options=self.extra_options)
         self._aio: grpc.aio.Channel | None = None  # calls made on the controller's event loop
         self._aio_loop: asyncio.AbstractEventLoop | None = None
+        # With keepalive, the asyncio channel's connection is pinged even with no call open, so it stays
+        # READY only while the service answers: `connected` follows it (_watch_connection), and the
+        # fleet's heartbeat asks no status of a member whose connection is READY (issue 44)
+        self.connected = False
+        self._connection_watch: asyncio.Task | None = None
 
     @_rpc
     def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
@@ -122,6 +127,7 @@ class _Client:
 
     def close(self) -> None:
         self.closed = True
+        self.connected = False
         self.channel.close()
         self._close_streams()
 
@@ -135,10 +141,39 @@ class _Client:
         if self._aio is None or self._aio_loop is not loop:
             self._aio = open_aio_channel(self.address, self.security, self.extra_options)
             self._aio_loop = loop
+            if self.keepalive:
+                self._connection_watch = loop.create_task(self._watch_connection(self._aio))
             if self.closed:  # close() ran meanwhile, on another thread, before this channel existed
                 self._close_streams()
                 raise _closed(self.role, self.address, rpc)
         return self._aio
+
+    async def connect_async(self) -> None:
+        """Opens the asyncio channel on the running loop now (a first Generate does so too) and, with
+        keepalive, waits until `connected` says whether its connection came up (READY) or not."""
+        self._aio_channel("connect")
+        while self.keepalive and not self.connected and not self.connection_watch_done():
+            await asyncio.sleep(0.01)
+
+    def connection_watch_done(self) -> bool:
+        """Whether the watch of the asyncio channel's connection ended (never started, or closed)."""
+        return self._connection_watch is None or self._connection_watch.done()
+
+    async def _watch_connection(self, channel: grpc.aio.Channel) -> None:
+        """Keeps `connected` true while `channel` is READY, until it closes; a connection lost (its
+        pings unanswered for KEEPALIVE_TIMEOUT_S, or closed by the peer) is asked for again at once, so
+        a replica that answers again is watched again. Woken only by a change of state: no polling.
+        A channel replaced by one on another loop stops speaking for the client."""
+        ready, shutdown = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.SHUTDOWN
+        try:
+            state = channel.get_state(try_to_connect=True)
+            while state != shutdown and not self.closed and channel is self._aio:
+                self.connected = state == ready
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
+        finally:
+            if channel is self._aio:
+                self.connected = False
 
     @contextlib.contextmanager
     def _aio_errors(self, rpc: str) -> Iterator[None]:
@@ -171,9 +206,12 @@ class _Client:
             pass
 
     async def close_streams(self) -> None:
-        """Closes the asyncio channel, on its loop (the run stops)."""
+        """Closes the asyncio channel, on its loop (the run stops), and lets its connection watch end
+        before the loop stops (a task left pending there is reported when the loop is collected)."""
         if self._aio is not None:
             await self._aio.close()
+        if self._connection_watch is not None:
+            await asyncio.wait([self._connection_watch], timeout=1.0)
 
 
 class RolloutClient(_Client):

@@ -53,6 +53,7 @@ class Member:
     groups: int = 0  # groups it generated in this run
     misses: int = 0  # heartbeats in a row it did not answer
     heard: float = 0.0  # time.monotonic() when it last showed it is alive (a group, a status answer)
+    pinged: bool = False  # its channel's keepalive pings watched it at the last heartbeat (fleet_liveness)
     idle: threading.Event = field(default_factory=threading.Event)  # its generation task ended
     gone: threading.Event = field(default_factory=threading.Event)  # out of the run
     finished: int = 0  # groups it finished while leaving

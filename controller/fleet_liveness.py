@@ -1,7 +1,7 @@
 """Noticing the dead members of the rollout fleet, of Fleet (controller/fleet.py): the heartbeat asks the
-joined members nothing else watches for their status, a few at a time, and removes those that miss
-`max_misses` answers in a row; after a failed re-form, the members that do not answer are left out.
-State lives on the fleet.
+joined members nothing else watches (their channel's keepalive pings, a word heard lately) for their
+status, all at once, and removes those that miss `max_misses` answers in a row; after a failed re-form,
+the members that do not answer are left out. State lives on the fleet.
 """
 from __future__ import annotations
 
@@ -33,16 +33,31 @@ class FleetLiveness:
 
     def check(self) -> list[Member]:
         """One heartbeat: a joined member is asked for its status unless it is watched otherwise: its
-        Generate stream is open on a channel that pings it (RolloutClient `keepalive`: a frozen or
-        partitioned replica fails that stream within rlfleet.rpc.channel's KEEPALIVE_S +
-        KEEPALIVE_TIMEOUT_S, and its generation task removes it), or it was heard from (a group, a
-        stream that ended) within the last `heartbeat_s`. A status call per member per second cost a
-        256-replica controller a quarter of its CPU (issues 34, 44). Those asked are asked at once
-        (HEARTBEAT_CALLS at a time); one that missed `max_misses` in a row is removed (its stream is
-        cut, so its groups are re-queued). Returns those removed."""
+        channel pings it (_pinged), or it was heard from (a group, a stream that ended) within the last
+        `heartbeat_s`. A status call per member per second cost a 256-replica controller a quarter of its
+        CPU (issues 34, 44). Those asked are asked at once (HEARTBEAT_CALLS at a time); one that missed
+        `max_misses` in a row is removed (its stream is cut, so its groups are re-queued).
+
+        A member whose pings watched it at an earlier beat and no longer do (its connection was lost:
+        pings unanswered for KEEPALIVE_TIMEOUT_S, or closed) has been silent for a while already: its
+        next status call decides (one miss removes it; an answer clears it). So a frozen or partitioned
+        idle member is out within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S + heartbeat_s + heartbeat_timeout_s
+        (8 + 1 + 3 = 12 s by default), as within max_misses × (heartbeat_s + heartbeat_timeout_s) when
+        every beat asked it; a killed one at the next beat. Returns those removed."""
         now = time.monotonic()
-        asked = [m for m in self.members()
-                 if m.joined and not m.gone.is_set() and not self._watched(m, now)]
+        asked = []
+        for member in self.members():
+            if not member.joined or member.gone.is_set():
+                continue
+            if _pinged(member):
+                member.pinged = True
+                continue
+            if now - max(member.heard, member.client.answered) < self.heartbeat_s:
+                continue
+            if member.pinged:
+                member.pinged = False
+                member.misses = max(member.misses, self.max_misses - 1)
+            asked.append(member)
         dead = []
         for member, ok in zip(asked, _answering(asked, self.heartbeat_timeout_s, HEARTBEAT_CALLS)):
             if ok:
@@ -54,12 +69,6 @@ class FleetLiveness:
         for member in dead:
             self._remove_unreachable(member)
         return dead
-
-    def _watched(self, member: Member, now: float) -> bool:
-        client = member.client
-        if client.keepalive and client.streams > 0:
-            return True
-        return now - max(member.heard, client.answered) < self.heartbeat_s
 
     def prune(self, timeout_s: float = 2.0) -> list[Member]:
         """After a failed re-form: the members that do not answer within `timeout_s` (asked all at
@@ -82,6 +91,16 @@ class FleetLiveness:
         thread = threading.Thread(target=beat, name="fleet-heartbeat", daemon=True)
         thread.start()
         return thread
+
+
+def _pinged(member: Member) -> bool:
+    """Whether the member's channel pings it (RolloutClient `keepalive`, rlfleet.rpc.channel): a
+    Generate stream open on it (a frozen or partitioned replica fails that stream within KEEPALIVE_S +
+    KEEPALIVE_TIMEOUT_S, and its generation task removes it), or, with no stream open (at S = 1 most
+    members wait in the admission queue), its connection still READY: pinged even with no call open,
+    it is lost within the same bound when the replica stops answering (RolloutClient.connected)."""
+    client = member.client
+    return client.keepalive and (client.streams > 0 or client.connected)
 
 
 def _answering(members: list[Member], timeout_s: float, calls: int) -> list[bool]:

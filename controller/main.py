@@ -154,7 +154,7 @@ def run_controller(cfg: JobConfig, addresses: dict[str, str], stop: threading.Ev
         writer = RunWriter(cfg.run.dir, tensorboard=cfg.tracking.tensorboard, sinks=make_sinks(cfg))
         journal = Journal(cfg.run.dir)  # <run_dir>/journal/prompts.jsonl
         # a joiner is called back briefly and quietly: it serves before it joins (controller/fleet.py);
-        # its channel pings it while a call is open, which watches it while it streams (Fleet.check)
+        # its channel pings it, with a call open or not, which watches it streaming or idle (Fleet.check)
         join_kw = dict(timeout_s=cc.rpc_timeout_s, connect_timeout_s=min(cc.connect_timeout_s, JOIN_CHECK_S),
                        security=security, report_every_s=None, keepalive=True)
         # Replicas may join while it runs (`rlfleet serve rollout --join`): same model, same token.

@@ -138,6 +138,9 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
         "idle_mean": sum(idle) / len(idle) if idle else float("nan"),
         "idle_p90": percentile(idle, 90),
         "replicas_seen": len(replicas), "replica_seconds": alive_total,
+        # status calls the replicas answered (heartbeat, re-forms, Joins), a second of the window
+        "rollout_status_calls_per_s": sum(t0 <= t <= t1 for r in replicas for t in r.get("status_times", ()))
+        / span,
         "host_lag_ms_p50": 1000 * percentile(lag, 50), "host_lag_ms_p99": 1000 * percentile(lag, 99),
         "host_cpu_share": [h["cpu_s"] / h["wall_s"] for h in hosts],
         "weight_sync_s_p50": percentile(sync, 50), "weight_sync_s_max": max(sync) if sync else float("nan"),

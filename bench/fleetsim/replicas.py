@@ -53,6 +53,8 @@ class Replica:
             store, address = self.servicer.payloads
             pushes = PayloadClient(security, timeout_s=cfg.controller.rpc_timeout_s)  # to the learner's
             self.servicer.pusher = PayloadPusher(store, address, pushes)
+        self.status_times: list[float] = []  # when the controller asked its status (issue 44: the heartbeat)
+        _count_status_calls(self.servicer, self.status_times)
         self.server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=4, security=security)
         self.server.add(rollout_pb2_grpc.add_RolloutServicer_to_server, self.servicer)
         self.server.start()
@@ -99,7 +101,19 @@ class Replica:
 
     def log(self) -> dict:
         return {"name": self.name, "address": self.server.address, "started": self.started,
-                "ended": self.ended, "fate": self.fate, **self.engine.log()}
+                "ended": self.ended, "fate": self.fate, "status_times": self.status_times,
+                **self.engine.log()}
+
+
+def _count_status_calls(servicer: RolloutServicer, times: list[float]) -> None:
+    """Each GetStatus the servicer answers appends its time to `times` (set before the servicer is added
+    to its server, which looks the method up then)."""
+    answer = servicer.GetStatus
+
+    def counted(request, context):
+        times.append(time.time())
+        return answer(request, context)
+    servicer.GetStatus = counted
 
 
 def main() -> None:

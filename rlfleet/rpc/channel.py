@@ -26,7 +26,9 @@ FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconne
 # answering (a frozen process, a partitioned host: its kernel may still hold the connection) fails it
 # UNAVAILABLE ("ping timeout") KEEPALIVE_S + KEEPALIVE_TIMEOUT_S at most after its last word, with no
 # Python run on either side (issue 44: a status call a member a second was a quarter of a 256-replica
-# controller's CPU). Pings go only while a call is open, and only after KEEPALIVE_S without data.
+# controller's CPU). Pings go after KEEPALIVE_S without data, with a call open or not: an idle connection
+# is lost the same way (its channel leaves READY), which is how the fleet watches a replica with no
+# Generate stream open without asking it (controller/fleet_liveness.py).
 # The peer must accept them (rlfleet.rpc.server.PING_POLICY): gRPC servers refuse pings more often than
 # every 5 minutes by default (GOAWAY too_many_pings, which fails the calls open).
 KEEPALIVE_S = 2.0
@@ -35,15 +37,15 @@ KEEPALIVE_TIMEOUT_S = 6.0
 
 def keepalive_options(every_s: float = KEEPALIVE_S, timeout_s: float = KEEPALIVE_TIMEOUT_S
                       ) -> list[tuple[str, object]]:
-    """Channel options: a ping after `every_s` without data while a call is open, the calls failed when
-    one is not answered within `timeout_s`. grpcio 1.85 times a keepalive ping out by
+    """Channel options: a ping after `every_s` without data, with a call open or not, the connection (and
+    its calls) failed when one is not answered within `timeout_s`. grpcio 1.85 times a keepalive ping out by
     `grpc.http2.ping_timeout_ms` (60 s by default), not `grpc.keepalive_timeout_ms`: both are set. And a
     client sends at most 2 pings between two of its own data frames unless `max_pings_without_data` is 0
     (a server stream's client sends none after its request)."""
     every_ms, timeout_ms = int(every_s * 1000), int(timeout_s * 1000)
     return [("grpc.keepalive_time_ms", every_ms), ("grpc.keepalive_timeout_ms", timeout_ms),
             ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.keepalive_permit_without_calls", 0)]
+            ("grpc.keepalive_permit_without_calls", 1)]
 
 
 def open_channel(address: str, security: Security | None = None,

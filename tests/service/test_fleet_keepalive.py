@@ -7,6 +7,7 @@ process of their own for the freeze (SIGSTOP). The open call is a health Watch, 
 quiet after its first message, as a Generate stream is between two groups."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.clients import _translate
 from rlfleet.errors import PeerSilent
+from rlfleet.rpc.aio_channel import open_aio_channel
 from rlfleet.rpc.channel import keepalive_options, open_channel
 from rlfleet.rpc.server import ServiceServer
 from tests.e2e.conftest import REPO
@@ -61,6 +63,35 @@ def test_a_quiet_stream_on_a_kept_alive_channel_is_not_sent_away_for_its_pings()
         assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (error.code(), error.details())
     finally:
         channel.close()
+        server.stop(grace_s=0)
+
+
+def test_an_idle_kept_alive_connection_is_not_sent_away_for_its_pings():
+    """With no call open the channel still pings (keepalive_permit_without_calls): the server must take
+    those too, or the connection would be closed (GOAWAY too_many_pings) and the fleet would take a
+    live idle replica for a lost one (controller/fleet_liveness.py)."""
+    server = ServiceServer(["test"], "127.0.0.1", 0)
+    server.start()
+    server.mark_serving()
+
+    async def idle() -> tuple[grpc.ChannelConnectivity, bool]:
+        channel = open_aio_channel(server.address, None, keepalive_options(PING_S, PING_TIMEOUT_S))
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                            timeout=30)
+            state = channel.get_state()
+            try:  # ~12 pings with no call open
+                await asyncio.wait_for(channel.wait_for_state_change(state), timeout=6.0)
+                changed = True
+            except asyncio.TimeoutError:
+                changed = False
+            return state, changed
+        finally:
+            await channel.close()
+    try:
+        state, changed = asyncio.run(idle())
+        assert (state, changed) == (grpc.ChannelConnectivity.READY, False)
+    finally:
         server.stop(grace_s=0)
 
 

@@ -5,7 +5,9 @@ and one that stops answering still leaves after max_misses.
 
 Issue 44: a member whose Generate stream is open on a channel that pings it (keepalive) is watched by
 those pings, not asked (a frozen one fails its stream: tests/service/test_fleet_keepalive.py); those
-asked are asked all at once, not one after another."""
+asked are asked all at once, not one after another. A member with no stream open is watched by the same
+pings while its connection is READY (tests/service/test_fleet_idle_watch.py with real processes); once
+that connection is lost it has been silent for a while already, so one missed status call removes it."""
 from __future__ import annotations
 
 import threading
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.unit
 
 class Replica:
     """What the fleet reads of a RolloutClient: its status, its open Generate streams, whether its
-    channel pings (keepalive), when its last stream answered."""
+    channel pings (keepalive) and its connection is up, when its last stream answered."""
 
     def __init__(self, address: str, keepalive: bool = False) -> None:
         self.address = address
@@ -30,6 +32,7 @@ class Replica:
         self.status_calls = 0
         self.keepalive = keepalive
         self.streams = 0
+        self.connected = False  # its channel's connection READY (kept alive by pings with no call open)
         self.answered = 0.0
         self.together: threading.Barrier | None = None  # status waits here for the others' calls
 
@@ -117,3 +120,48 @@ def test_the_members_asked_are_asked_at_once_not_one_after_another():
         replica.together = together
     fleet.check()
     assert [fleet.find(r.address).misses for r in replicas] == [0, 0, 0]
+
+
+def test_an_idle_member_whose_kept_alive_connection_is_up_is_not_asked():
+    replica = Replica("10.0.0.1:1", keepalive=True)
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    replica.connected = True
+    fleet.check()
+    assert replica.status_calls == 0
+
+
+def test_a_connection_up_on_a_channel_without_keepalive_watches_nothing():
+    replica = Replica("10.0.0.1:1", keepalive=False)  # its connection is not pinged: it may be frozen
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    replica.connected = True
+    fleet.check()
+    assert replica.status_calls == 1
+
+
+def test_a_member_whose_kept_alive_connection_was_lost_leaves_at_its_first_missed_status():
+    """Its pings went unanswered (or its connection closed) before: one failed call decides, not
+    max_misses of them, so the bound of a member asked every beat holds."""
+    replica = Replica("10.0.0.1:1", keepalive=True)
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    fleet.max_misses = 3
+    replica.connected = True
+    fleet.check()
+    replica.connected, replica.up = False, False
+    assert [m.address for m in fleet.check()] == [replica.address]
+    assert replica.status_calls == 1
+    assert fleet.describe()[-1]["state"] == "left: unreachable"
+
+
+def test_a_member_whose_kept_alive_connection_was_lost_but_answers_stays_and_is_asked_as_others():
+    replica = Replica("10.0.0.1:1", keepalive=True)
+    fleet = _fleet(replica, heartbeat_s=0.0)
+    fleet.max_misses = 3
+    replica.connected = True
+    fleet.check()
+    replica.connected = False
+    assert fleet.check() == []  # it answered: no miss
+    member = fleet.find(replica.address)
+    assert (member.misses, replica.status_calls) == (0, 1)
+    replica.up = False  # silent from now on, its connection still down: max_misses beats, as any member
+    assert fleet.check() == [] and fleet.check() == []
+    assert [m.address for m in fleet.check()] == [replica.address]
