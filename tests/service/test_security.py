@@ -319,7 +319,6 @@ def test_generate_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
     import asyncio
 
     from controller.clients import RolloutClient
-    from rlfleet.errors import RlfleetError
     from rlfleet.types import PromptRequest, SamplingParams
 
     rollout = next(s for s in served if s.role == "rollout")
@@ -328,19 +327,8 @@ def test_generate_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
     async def generate(client: RolloutClient) -> list:
         return [group async for group in client.generate_async(prompts, params)]
 
-    client = RolloutClient(rollout.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
-                           security=client_security(pki))
-    try:
-        assert [g.request_id for g in asyncio.run(generate(client))] == ["p0"]
-    finally:
-        client.close()
-    client = RolloutClient(rollout.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
-                           security=client_security(pki, token="wrong-token-0123456789abcdef"))
-    try:
-        with pytest.raises(RlfleetError, match="UNAUTHENTICATED"):
-            asyncio.run(generate(client))
-    finally:
-        client.close()
+    groups = _served_then_refused(RolloutClient, rollout.address, pki, lambda c: asyncio.run(generate(c)))
+    assert [g.request_id for g in groups] == ["p0"]
 
 
 def test_score_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
@@ -349,7 +337,6 @@ def test_score_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
     import asyncio
 
     from controller.clients import RewardClient
-    from rlfleet.errors import RlfleetError
     from rlfleet.types import ScoreItem
 
     reward = next(s for s in served if s.role == "reward")
@@ -361,16 +348,26 @@ def test_score_on_the_event_loop_uses_the_tls_and_the_token(served, pki):
         finally:
             await client.close_streams()
 
-    client = RewardClient(reward.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+    results = _served_then_refused(RewardClient, reward.address, pki, lambda c: asyncio.run(score(c)))
+    assert [(r.id, r.score) for r in results] == [("a", 1.0)]
+
+
+def _served_then_refused(client_class, address: str, pki: Pki, call):
+    """`call(client)` by a client with the job's TLS and token (returns its result), then by one with a
+    wrong token, which must be refused UNAUTHENTICATED."""
+    from rlfleet.errors import RlfleetError
+
+    client = client_class(address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
                           security=client_security(pki))
     try:
-        assert [(r.id, r.score) for r in asyncio.run(score(client))] == [("a", 1.0)]
+        result = call(client)
     finally:
         client.close()
-    client = RewardClient(reward.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
+    client = client_class(address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT,
                           security=client_security(pki, token="wrong-token-0123456789abcdef"))
     try:
         with pytest.raises(RlfleetError, match="UNAUTHENTICATED"):
-            asyncio.run(score(client))
+            call(client)
     finally:
         client.close()
+    return result
