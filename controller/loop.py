@@ -24,7 +24,7 @@ import structlog
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
 from rlfleet.errors import RlfleetError
-from rlfleet.types import DataRow, SamplingParams, TrainBatch
+from rlfleet.types import DataRow, SamplingParams
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.env_failures import EnvFailures
 from controller.env_outage import env_outage_of
@@ -49,6 +49,7 @@ from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, save_state, source_state
 from controller.stream_loop import StreamLoop
 from controller.step_metrics import step_metrics
+from controller.train_parts import assemble_batch
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
@@ -249,9 +250,9 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
                 wait_s = time.perf_counter() - step_start
                 t0 = time.perf_counter()
                 while True:
-                    samples, sample_metrics = self.samples.build(groups)
-                    batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
-                                       expected_version=version)
+                    batch, sample_metrics = assemble_batch(self.samples, step, groups,
+                                                           self.params.temperature or 1.0, version)
+                    samples = batch.samples
                     try:
                         result = self.recovery.train(batch)  # retried only because Train is idempotent
                         break

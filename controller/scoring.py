@@ -21,6 +21,7 @@ from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import Stopped
 from controller.stream_loop import blocking
+from controller.train_parts import prepare_for_training
 
 
 @dataclass
@@ -164,6 +165,8 @@ class ScoringSide:
         # The batch's `scored` lines in one write (a line a group, as before: issue 44), before any of
         # its groups can be trained; then all of them buffered under one hold of the lock
         self._note_all("scored", [{"seq": g.seq, "failed": g.failed} for g in scored_groups])
+        for scored in scored_groups:  # their samples for training now, spread over the step (issue 44)
+            prepare_for_training(self.samples, scored)
         with self._cond:
             for scored in scored_groups:
                 env_failed = sum(c.failed for c in scored.completions)
