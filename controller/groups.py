@@ -30,6 +30,9 @@ class ScoredGroup:
     _scored: list[tuple[Completion, float]] = field(init=False, repr=False, compare=False)
     # Its samples for training, made once it is scored (SampleBuilder.group_samples), not at the step
     prepared: GroupSamples | None = field(default=None, init=False, repr=False, compare=False)
+    # Its samples/train.jsonl records as JSON pieces, made once it is scored (controller/sample_lines.py)
+    record_pieces: list[tuple[bytes, bytes]] | None = field(default=None, init=False, repr=False,
+                                                            compare=False)
 
     def __post_init__(self) -> None:
         self.failed = sum(not r.ok for r in self.results)

@@ -83,8 +83,8 @@ def test_a_group_with_too_few_rewards_is_left_for_the_step():
 
 def test_a_buffered_groups_samples_and_request_bytes_are_made_before_its_step_takes_it(tmp_path):
     """Step 1's Train waits until the next step's groups (admitted at max_staleness=1) are buffered:
-    each already holds its samples and their request bytes, and step 2's request is made of those
-    very bytes objects."""
+    each already holds its samples, their request bytes and its records' JSON, and step 2's request is
+    made of those very bytes objects."""
     loop, _ = make_loop(tmp_path, Faults(), staleness=1, steps=2)
     seen: dict[int, bytes] = {}
     batches: list[t.TrainBatch] = []
@@ -103,6 +103,7 @@ def test_a_buffered_groups_samples_and_request_bytes_are_made_before_its_step_ta
                 time.sleep(0.01)
             for g in buffered:
                 assert g.prepared is not None and g.prepared.wire is not None, g.seq
+                assert g.record_pieces is not None, g.seq  # its samples/train.jsonl lines' JSON too
                 assert g.prepared.samples == g.train_samples(loop.samples.estimator,
                                                              loop.samples.shaped_rewards(g))
                 seen[g.seq] = g.prepared.wire
