@@ -24,18 +24,18 @@ import heapq
 import random
 import tempfile
 import time
-import types
 from collections import Counter, defaultdict
 from pathlib import Path
 
 from controller.episodes import split_group
 from controller.groups import ScoredGroup
 from controller.journal import Journal
-from controller.loop import GRPOLoop
 from controller.outputs import RunWriter
 from controller.sample_builder import SampleBuilder
+from controller.sample_lines import group_pieces, step_lines
 from controller.staleness import StalenessGate
 from controller.step_metrics import step_metrics
+from controller.train_parts import assemble_batch, prepare_for_training
 from rlfleet import types as t
 from rlfleet.config import load_config
 from rlfleet.data.prompts import Prompt
@@ -108,7 +108,6 @@ def run_once(prompts: list[Prompt], wire: list[bytes], score_groups: int, step_g
     gate = StalenessGate(step_groups, 4)
     journal = Journal(run_dir)
     writer = RunWriter(run_dir, tensorboard=False)
-    loop_like = types.SimpleNamespace(cfg=cfg, _sample_record=GRPOLoop._sample_record)
     clock = Clock()
     buffer: list[tuple[int, int, ScoredGroup]] = []
     # The reward service's answers, made before the clock runs
@@ -149,6 +148,14 @@ def run_once(prompts: list[Prompt], wire: list[bytes], score_groups: int, step_g
             scored_groups.append(ScoredGroup(seq, prompts[seq], g.completions, results, 1.0, 0.01,
                                              replica="10.0.0.7:7000"))
         journal.record_all("scored", [{"seq": s.seq, "failed": s.failed} for s in scored_groups])
+        clock.lap("scored groups + journal")
+        # as ScoringSide._score_batch: each group's samples, request bytes and record pieces, ahead
+        for scored in scored_groups:
+            prepare_for_training(builder, scored)
+        clock.lap("prepare for training")
+        for scored in scored_groups:
+            scored.record_pieces = group_pieces(scored)
+        clock.lap("record pieces")
         for scored in scored_groups:
             env_failed = sum(c.failed for c in scored.completions)
             failed_items = scored.failed - env_failed  # noqa: F841 - the loop's counters
@@ -166,13 +173,11 @@ def run_once(prompts: list[Prompt], wire: list[bytes], score_groups: int, step_g
             if gate.is_fresh(group.version, version) and usable and builder.keep(group):
                 batch.append(group)
         clock.lap("take batch")
-        samples, sample_metrics = builder.build(batch)
-        clock.lap("SampleBuilder.build")
-        request = convert.train_batch_to_proto(t.TrainBatch(step=step, samples=samples, temperature=1.0,
-                                                            expected_version=version))
+        train_batch, sample_metrics = assemble_batch(builder, step, batch, 1.0, version)
+        samples = train_batch.samples
+        clock.lap("assemble batch")
+        convert.train_request_wire(train_batch, train_batch.sample_wire)
         clock.lap("train request")
-        request.SerializeToString()
-        clock.lap("train serialize")
         journal.record_all("trained", [{"seq": g.seq, "step": step, "version": version,
                                         "generation_version": g.version} for g in batch])
         clock.lap("journal trained")
@@ -180,7 +185,7 @@ def run_once(prompts: list[Prompt], wire: list[bytes], score_groups: int, step_g
                                wait_s=0.1, train_s=1.0, sync_s=0.1, step_s=1.2)
         metrics.update(sample_metrics)
         clock.lap("step_metrics")
-        writer.log_samples(GRPOLoop._sample_records(loop_like, step, version, batch))
+        writer.write_sample_lines(step_lines(step, version, batch, None))
         clock.lap("samples file")
     journal.close()
     writer.close()

@@ -32,6 +32,7 @@ from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import REPORT_EVERY_S, keepalive_options, wait_until_serving
 from rlfleet.rpc.security import Security
 
+TRAIN_METHOD = "/rlfleet.v1.Learner/Train"  # as learner_pb2_grpc names it
 ABORT_TIMEOUT_S = 10.0  # AbortWeightGroup: the learner answers at once (it waits for nothing)
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 # How grpc words a call failed by an unanswered keepalive ping (1.85: "Stream removed (ping timeout)";
@@ -318,10 +319,18 @@ class LearnerClient(_Client):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._stub = learner_pb2_grpc.LearnerStub(self.channel)
+        # Train with a request already serialized (a batch with its groups' request bytes): the same
+        # method, its bytes passed through as they are
+        self._train_wire = self.channel.unary_unary(TRAIN_METHOD, request_serializer=None,
+                                                    response_deserializer=learner_pb2.TrainResponse.FromString)
 
     @_rpc
     def train(self, batch: t.TrainBatch) -> t.TrainResult:
-        reply = self._stub.Train(convert.train_batch_to_proto(batch), timeout=self.timeout_s)
+        parts = getattr(batch, "sample_wire", None)  # controller.train_parts.EncodedTrainBatch
+        if parts is not None:
+            reply = self._train_wire(convert.train_request_wire(batch, parts), timeout=self.timeout_s)
+        else:
+            reply = self._stub.Train(convert.train_batch_to_proto(batch), timeout=self.timeout_s)
         return t.TrainResult(policy_version=reply.policy_version, metrics=dict(reply.metrics))
 
     @_rpc

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlfleet.advantages.group_lists import group_advantages
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion, ScoreItem, ScoreResult, TrainSample
+
+if TYPE_CHECKING:
+    from controller.sample_builder import GroupSamples
 
 _new = object.__new__
 
@@ -25,6 +28,11 @@ class ScoredGroup:
     # Worked out once: the loop asks for them several times a group (buffer, batch, samples, metrics)
     _version: int | None = field(default=None, init=False, repr=False, compare=False)
     _scored: list[tuple[Completion, float]] = field(init=False, repr=False, compare=False)
+    # Its samples for training, made once it is scored (SampleBuilder.group_samples), not at the step
+    prepared: GroupSamples | None = field(default=None, init=False, repr=False, compare=False)
+    # Its samples/train.jsonl records as JSON pieces, made once it is scored (controller/sample_lines.py)
+    record_pieces: list[tuple[bytes, bytes]] | None = field(default=None, init=False, repr=False,
+                                                            compare=False)
 
     def __post_init__(self) -> None:
         self.failed = sum(not r.ok for r in self.results)

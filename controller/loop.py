@@ -24,11 +24,11 @@ import structlog
 from rlfleet.config import JobConfig
 from rlfleet.data.prompts import PromptSource
 from rlfleet.errors import RlfleetError
-from rlfleet.types import DataRow, SamplingParams, TrainBatch
+from rlfleet.types import DataRow, SamplingParams
 from controller.clients import LearnerClient, RewardClient, RolloutClient
 from controller.env_failures import EnvFailures
 from controller.env_outage import env_outage_of
-from controller.episodes import env_metrics, turn_records
+from controller.episodes import env_metrics
 from controller.evaluation import PeriodicEval
 from controller.fleet import Fleet
 from controller.admission import AdmissionQueue
@@ -42,6 +42,7 @@ from controller.payload_loss import lost_groups
 from controller.payload_release import payload_releaser
 from controller.recovery import Recovery
 from controller.sample_builder import SampleBuilder
+from controller.sample_lines import sample_record, step_lines
 from controller.sample_quota import SampleQuota
 from controller.scoring import ScoredGroupInput, ScoringSide
 from controller.stall import StallWatchdog
@@ -49,6 +50,7 @@ from controller.staleness import StalenessGate
 from controller.state import ControllerState, Dispatch, save_state, source_state
 from controller.stream_loop import StreamLoop
 from controller.step_metrics import step_metrics
+from controller.train_parts import assemble_batch
 from controller.weight_sync import WeightSync
 
 log = structlog.get_logger(__name__)
@@ -249,9 +251,9 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
                 wait_s = time.perf_counter() - step_start
                 t0 = time.perf_counter()
                 while True:
-                    samples, sample_metrics = self.samples.build(groups)
-                    batch = TrainBatch(step=step, samples=samples, temperature=self.params.temperature or 1.0,
-                                       expected_version=version)
+                    batch, sample_metrics = assemble_batch(self.samples, step, groups,
+                                                           self.params.temperature or 1.0, version)
+                    samples = batch.samples
                     try:
                         result = self.recovery.train(batch)  # retried only because Train is idempotent
                         break
@@ -304,7 +306,9 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
                 self.writer.log_metrics(metrics)
                 if self.evaluator is not None and "timing/eval_s" in metrics:
                     self.writer.log_texts(step, self.evaluator.texts)  # a few of its samples
-                self.writer.log_samples(self._sample_records(step, version, groups))
+                # its groups' records, made as they were scored (controller/sample_lines.py)
+                self.writer.write_sample_lines(step_lines(step, version, groups,
+                                                          self.cfg.controller.samples_per_step))
                 self._failed_kept = 0
                 self.last_metrics, self.step = metrics, step
                 version = result.policy_version
@@ -352,21 +356,5 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
         record = self._sample_record
         return [record(step, train_version, g, c, r) for g, c, r in pairs]
 
-    @staticmethod
-    def _sample_record(step: int, train_version: int | None, g: ScoredGroup, c, r) -> dict:
-        prompt = g.prompt
-        sample = {"step": step, "prompt_index": prompt.index, "prompt": prompt.text,
-                  "response": c.text, "reward": r.score if r.ok else None,
-                  "reward_error": r.error or None, "version": c.policy_version,
-                  "trained_version": train_version, "replica": g.replica,
-                  "last_version": max(c.last_policy_version, c.policy_version),
-                  "finish_reason": c.finish_reason,
-                  "ground_truth": prompt.ground_truth}
-        # an episode's fields after those, where there are any (updated, not splatted from an empty
-        # dict a sample: ~20 % of the record's cost, issue 44)
-        if c.turns or c.failed:
-            sample.update({"turns": turn_records(c), "env_reward": c.env_reward,
-                           "env_failure": c.env_failure or None, "env_error": c.env_error or None,
-                           **({"env_metrics": c.env_metrics} if c.env_metrics else {}),
-                           **({"prompt_trim": c.prompt_trim} if c.prompt_trim else {})})
-        return sample
+    # a sample's record (samples/train.jsonl; also a dropped group's failed episodes: BatchSide)
+    _sample_record = staticmethod(sample_record)

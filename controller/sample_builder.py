@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from controller.groups import ScoredGroup
 from rlfleet.advantages import ADVANTAGE_ESTIMATORS
@@ -34,6 +35,19 @@ def shaped_length(c: Completion) -> int:
     """The length the overlong penalty judges: the response, or for a multi-turn episode its final turn
     (rollout.max_new_tokens bounds one turn; observations are not the model's length)."""
     return c.turns[-1].generated_tokens if c.turns else c.response_tokens
+
+
+@dataclass
+class GroupSamples:
+    """A group's part of a step: its samples (advantages are group-local) and what the step's metrics
+    take from it. Made once a group, when it is buffered (controller/train_parts.prepare_for_training, on
+    the event loop), so a step's batch only joins its groups' parts (issue 44)."""
+
+    made_by: SampleBuilder  # whose shaping and estimator made it: another builder makes its own
+    samples: list[TrainSample]
+    rewards: list[float]  # shaped, one per scored completion
+    penalties: list[float]  # the overlong penalty in each of `rewards`; empty without shaping
+    wire: bytes | None = None  # the samples as the Train request carries them (convert.train_samples_wire)
 
 
 class SampleBuilder:
@@ -60,7 +74,8 @@ class SampleBuilder:
         """False for a group dynamic sampling drops: its rewards carry no signal."""
         if not self.algo.dynamic_sampling:
             return True
-        rewards = self.shaped_rewards(group)
+        part = group.prepared
+        rewards = part.rewards if part is not None and part.made_by is self else self.shaped_rewards(group)
         return any(r != rewards[0] for r in rewards)
 
     def filter_limit(self, batch_groups: int) -> int | None:
@@ -68,27 +83,34 @@ class SampleBuilder:
         max_num_gen_batches, in batches of `batch_groups`); None: no limit."""
         return None if self.algo.max_gen_batches == 0 else self.algo.max_gen_batches * batch_groups
 
+    def group_samples(self, g: ScoredGroup) -> GroupSamples:
+        """The group's samples, shaped rewards and penalties: made on the first call, kept on the group
+        (its rewards never change once scored, nor this builder's settings)."""
+        if g.prepared is None or g.prepared.made_by is not self:
+            rewards = self.shaped_rewards(g)
+            penalties = ([r - score for r, (_, score) in zip(rewards, g.scored())]
+                         if self.buffer_tokens > 0 else [])
+            g.prepared = GroupSamples(self, g.train_samples(self.estimator, rewards), rewards, penalties)
+        return g.prepared
+
     def build(self, groups: list[ScoredGroup]) -> tuple[list[TrainSample], dict[str, float]]:
-        """The batch's samples and their metrics, in one pass over the groups (each reward shaped once)."""
+        """The batch's samples and their metrics, from each group's part (each made once)."""
         samples: list[TrainSample] = []
         penalties: list[float] = []
-        shaped: list[float] = []  # the samples' rewards, for their mean
         flat = 0  # groups whose (shaped) rewards are all equal: zero advantages, nothing to learn
-        shaping = self.buffer_tokens > 0
         for g in groups:
-            rewards = self.shaped_rewards(g)
-            if shaping:
-                penalties += [r - score for r, (_, score) in zip(rewards, g.scored())]
-            group_samples = g.train_samples(self.estimator, rewards)
-            samples += group_samples
-            shaped += [s.reward for s in group_samples]
+            part = self.group_samples(g)
+            samples += part.samples
+            penalties += part.penalties
+            rewards = part.rewards
             flat += all(r == rewards[0] for r in rewards)
         # math.fsum / n: what statistics.fmean computes, without its generic checks
-        metrics = {"reward/shaped_mean": math.fsum(shaped) / len(shaped) if shaped else 0.0,
+        shaped_mean = math.fsum(s.reward for s in samples) / len(samples) if samples else 0.0
+        metrics = {"reward/shaped_mean": shaped_mean,
                    "groups/trained": float(len(groups))}
         if self.group_only:
             metrics["groups/no_signal"] = float(flat)
-        if shaping:
+        if self.buffer_tokens > 0:
             metrics["reward/overlong_penalty_mean"] = (math.fsum(penalties) / len(penalties)
                                                        if penalties else 0.0)
         return samples, metrics

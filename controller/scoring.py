@@ -20,7 +20,9 @@ from rlfleet.types import Completion, ScoreItem, ScoreResult
 from controller.episodes import env_unavailable, split_group
 from controller.groups import ScoredGroup
 from controller.recovery import Stopped
+from controller.sample_lines import group_pieces
 from controller.stream_loop import blocking
+from controller.train_parts import prepare_for_training
 
 
 @dataclass
@@ -164,6 +166,13 @@ class ScoringSide:
         # The batch's `scored` lines in one write (a line a group, as before: issue 44), before any of
         # its groups can be trained; then all of them buffered under one hold of the lock
         self._note_all("scored", [{"seq": g.seq, "failed": g.failed} for g in scored_groups])
+        # Their samples for training and (all written) their records' JSON now, spread over the step,
+        # not all at once at its start and end (issue 44)
+        write_all = self.cfg.controller.samples_per_step is None
+        for scored in scored_groups:
+            prepare_for_training(self.samples, scored)
+            if write_all:
+                scored.record_pieces = group_pieces(scored)
         with self._cond:
             for scored in scored_groups:
                 env_failed = sum(c.failed for c in scored.completions)

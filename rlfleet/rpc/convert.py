@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -202,8 +203,13 @@ if {f.name for f in dataclasses.fields(t.ScoreResult)} != _RESULT_FIELDS:  # a n
 def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
     expected = b.expected_version if b.expected_version >= 0 else None
     request = learner_pb2.TrainRequest(step=b.step, temperature=b.temperature, expected_version=expected)
+    _add_train_samples(request, b.samples)
+    return request
+
+
+def _add_train_samples(request: learner_pb2.TrainRequest, samples: list[t.TrainSample]) -> None:
     add = request.samples.add  # built in place: a TrainSample made apart is copied in again (2.4x slower)
-    for s in b.samples:
+    for s in samples:
         # The token fields only where they hold something (on the data plane they are empty): an empty
         # sequence passed in still costs its conversion, a third of a flight sample's (issue 44)
         sample = add(prompt_ids=s.prompt_ids, advantage=s.advantage, generation_version=s.generation_version,
@@ -217,7 +223,26 @@ def train_batch_to_proto(b: t.TrainBatch) -> learner_pb2.TrainRequest:
         if s.payload is not None:
             ref, src = sample.payload, s.payload
             ref.address, ref.request_id, ref.sample = src.address, src.request_id, src.sample
-    return request
+
+
+def train_samples_wire(samples: list[t.TrainSample]) -> bytes:
+    """`samples` as a TrainRequest's wire bytes carry them (its `samples` entries, field 2, nothing else):
+    made a group at a time as groups are scored, so a step's request only joins them (train_request_wire;
+    issue 44: the whole batch's conversion at once held the GIL against the event loop at each step)."""
+    request = learner_pb2.TrainRequest()
+    _add_train_samples(request, samples)
+    return request.SerializeToString()
+
+
+def train_request_wire(b: t.TrainBatch, sample_parts: Iterable[bytes]) -> bytes:
+    """The serialized TrainRequest of `b` whose samples are `sample_parts` (train_samples_wire of each
+    part of `b.samples`, in order): the same bytes as train_batch_to_proto(b).SerializeToString(). A
+    message's fields are written in field-number order and a repeated field's entries one after another,
+    so step (1), the samples' entries (2), then temperature (3) and expected_version (4) join as they are."""
+    expected = b.expected_version if b.expected_version >= 0 else None
+    head = learner_pb2.TrainRequest(step=b.step).SerializeToString()
+    tail = learner_pb2.TrainRequest(temperature=b.temperature, expected_version=expected).SerializeToString()
+    return b"".join((head, *sample_parts, tail))
 
 
 def train_prompts_from_proto(msg: learner_pb2.TrainRequest) -> tuple[np.ndarray, list[int]]:

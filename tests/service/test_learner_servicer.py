@@ -161,3 +161,26 @@ def test_rollout_logprobs_agree_with_learner(rollout_server, learner_server):
 
 
 # ---- (e) reflection and (f) status ---------------------------------------------------------------
+
+
+def test_a_train_request_sent_as_its_groups_bytes_trains_as_the_message_does(learner_server):
+    """LearnerClient.train sends a batch with its groups' request bytes (controller/train_parts.py) as
+    they are: the learner trains it, and the same step sent again as a message is the same request (the
+    stored result comes back, nothing trained twice)."""
+    from controller.clients import LearnerClient
+    from controller.train_parts import EncodedTrainBatch
+    from rlfleet import types as t
+    from rlfleet.rpc import convert
+
+    samples = convert.train_batch_from_proto(train_request()).samples
+    parts = (convert.train_samples_wire(samples[:2]), convert.train_samples_wire(samples[2:]))
+    batch = EncodedTrainBatch(step=1, samples=samples, temperature=1.0, expected_version=0, sample_wire=parts)
+    client = LearnerClient(learner_server.server.address, timeout_s=TIMEOUT, connect_timeout_s=TIMEOUT)
+    try:
+        result = client.train(batch)
+        assert result.policy_version == 1 and result.metrics["learner/tokens"] == 9
+        again = client.train(t.TrainBatch(step=1, samples=samples, temperature=1.0, expected_version=0))
+        assert again == result
+    finally:
+        client.close()
+    assert learner_server.servicer.learner.step == 1
