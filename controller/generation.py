@@ -73,6 +73,19 @@ class GenerationSide:
             with self._cond:
                 self._admission.leave(waiter)
 
+    def _record_dispatch(self, dispatch: Dispatch, replica: str, held_s: float) -> None:
+        """The dispatch's `dispatched` journal lines, unless the run is stopping: under the loop's lock,
+        so never after the stop's `requeued` lines for the same prompts (GRPOLoop.requeue_live_on_stop).
+        A line written after them left its prompt open and not re-queued in the journal: lost to a
+        resume (the fresh-clone suite caught a member preempted between its hand-out and this write)."""
+        with self._cond:
+            if self.stop.is_set():
+                raise Stopped("stopping")  # its prompts are live: the stop re-queued them
+            self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
+                                           "version": self._rollout_version, "replica": replica,
+                                           "held_s": round(held_s, 4)}
+                                          for seq, prompt in dispatch.members])
+
     def _hand_out(self, sweep: bool = False) -> None:
         """Hands work to the waiting members while admission allows (the loop's lock held): called by
         whoever changed what admission allows, so that only the members given work wake up. `sweep`:
@@ -137,10 +150,7 @@ class GenerationSide:
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
-                                               "version": self._rollout_version, "replica": rollout.address,
-                                               "held_s": round(held_s, 4)}
-                                              for seq, prompt in dispatch.members])
+                self._record_dispatch(dispatch, rollout.address, held_s)
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:

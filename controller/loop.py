@@ -323,14 +323,19 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
         finally:
             self.stop.set()
             self._wake()  # the members waiting for work stop waiting
-            with self._cond:
-                for seq in sorted(self._live):  # the last controller state re-queues them on resume
-                    self._note("requeued", seq=seq, reason="stopped")
+            self.requeue_live_on_stop()
             self._streams.close(then=self._close_streams)  # the Score calls in flight are cancelled
             self.sync.close()
             if self.env_outage is not None:
                 self.env_outage.close()
         return self.last_metrics
+
+    def requeue_live_on_stop(self) -> None:
+        """The admitted prompts not trained, re-queued in the journal (the last controller state re-queues
+        them on resume); no member writes a `dispatched` line after these (_record_dispatch)."""
+        with self._cond:
+            for seq in sorted(self._live):
+                self._note("requeued", seq=seq, reason="stopped")
 
     def environment_status(self) -> dict[str, Any] | None:
         """The environment server as the controller sees it (`rlfleet status`); None without one."""
