@@ -59,7 +59,7 @@ def _status(run: Path, role: str) -> common_pb2.ServiceStatus:
         channel.close()
 
 
-def _hold_a_step_staged(run: Path, proc: subprocess.Popen) -> None:
+def _hold_a_step_staged(run: Path, gate: Path, proc: subprocess.Popen) -> None:
     """Returns once step HELD_STEP's groups are all generated and pushed to the learner, their Score
     calls held at the reward's gate, so that step's Train has not begun."""
     deadline = time.monotonic() + 240
@@ -71,9 +71,14 @@ def _hold_a_step_staged(run: Path, proc: subprocess.Popen) -> None:
     while _status(run, "rollout").stats.get("payload_pushed", 0) < generated:  # off the controller
         assert time.monotonic() < deadline, "the replica never reported its groups pushed to the learner"
         time.sleep(0.05)
+    # the gate holds at least one of step HELD_STEP's items, so its Train cannot have begun (the learner's
+    # in-flight count is no witness: the controller's status calls and step 1's checkpoint run beside it)
+    while (gate / "calls").stat().st_size <= GROUPS * N_SAMPLES:
+        assert time.monotonic() < deadline, f"no item of step {HELD_STEP} reached the reward's gate"
+        time.sleep(0.05)
     learner = _status(run, "learner")
     assert not any(e["event"] == "trained" and e["step"] == HELD_STEP for e in _events(run))
-    assert learner.in_flight <= 0 and learner.stats["step"] == HELD_STEP - 1
+    assert learner.stats["step"] == HELD_STEP - 1 and learner.stats["queue_depth"] == 0
 
 
 def test_a_replica_killed_after_its_groups_were_staged_loses_none_of_them(run_dir):
@@ -85,7 +90,7 @@ def test_a_replica_killed_after_its_groups_were_staged_loses_none_of_them(run_di
                              "run.name=staged", *ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _hold_a_step_staged(run, proc)
+        _hold_a_step_staged(run, gate, proc)
         pid = _service(run, "rollout")["pid"]
         os.kill(pid, signal.SIGKILL)
         (gate / "open").touch()
