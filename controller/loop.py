@@ -12,7 +12,6 @@ is synchronous on-policy GRPO.
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import Counter, deque
@@ -351,15 +350,6 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
             return None
         return DataRow(data_source=prompt.data_source, prompt=prompt.text, ground_truth=prompt.ground_truth,
                        extra_info=prompt.extra_info)
-
-    def _sample_records(self, step: int, train_version: int, groups: list[ScoredGroup]) -> list[dict]:
-        # only the first controller.samples_per_step are made (all when None)
-        pairs = ((g, c, r) for g in groups for c, r in zip(g.completions, g.results))
-        limit = self.cfg.controller.samples_per_step
-        if limit is not None:
-            pairs = itertools.islice(pairs, limit)
-        record = self._sample_record
-        return [record(step, train_version, g, c, r) for g, c, r in pairs]
 
     # a sample's record (samples/train.jsonl; also a dropped group's failed episodes: BatchSide)
     _sample_record = staticmethod(sample_record)

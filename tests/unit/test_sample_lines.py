@@ -3,14 +3,12 @@ issue 44): byte for byte the lines RunWriter.log_samples writes for the records 
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 
 from controller.groups import ScoredGroup
-from controller.loop import GRPOLoop
 from controller.outputs import RunWriter
-from controller.sample_lines import group_pieces, step_lines
+from controller.sample_lines import group_pieces, sample_record, step_lines
 from rlfleet.data.prompts import Prompt
 from rlfleet.types import Completion, ScoreResult, TurnRecord
 
@@ -50,10 +48,9 @@ def test_a_steps_lines_from_record_pieces_are_the_lines_of_its_records(tmp_path,
     if pieces_made:
         for g in groups:
             g.record_pieces = group_pieces(g)
-    loop_like = types.SimpleNamespace(cfg=types.SimpleNamespace(controller=types.SimpleNamespace(
-        samples_per_step=limit)), _sample_record=GRPOLoop._sample_record)
+    pairs = [(g, c, r) for g in groups for c, r in zip(g.completions, g.results)][:limit]
     expected = _written(tmp_path, "records", lambda w: w.log_samples(
-        GRPOLoop._sample_records(loop_like, 12, 11, groups)))
+        [sample_record(12, 11, g, c, r) for g, c, r in pairs]))
     got = _written(tmp_path, "lines", lambda w: w.write_sample_lines(step_lines(12, 11, groups, limit)))
     assert got == expected
     assert got.count(b"\n") == min(4, 4 if limit is None else limit)

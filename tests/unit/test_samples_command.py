@@ -1,6 +1,6 @@
 """`rlfleet samples RUN_DIR` (issue 43): a run's samples, readable, filtered, or as JSON; and a few
 validation samples per evaluation in TensorBoard's text tab. The records are made by the controller's own
-record builder (GRPOLoop._sample_record), as a run writes them."""
+record builder (controller.sample_lines.sample_record), as a run writes them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from controller.groups import ScoredGroup
-from controller.loop import GRPOLoop
+from controller.sample_lines import sample_record, step_lines
 from rlfleet.app.cli import main as cli_main
 from rlfleet.app.samples_cli import format_record, reward_filter, select
 from rlfleet.data.prompts import Prompt
@@ -26,7 +26,7 @@ def single(step: int, reward: float | None, version: int = 0, text: str = "5") -
     c = Completion(token_ids=[1], logprobs=[-0.1], finish_reason="stop", policy_version=version, text=text)
     r = ScoreResult("x/0", reward if reward is not None else 0.0, ok=reward is not None,
                     error="" if reward is not None else "reward server down")
-    return GRPOLoop._sample_record(step, version + 1, ScoredGroup(0, PROMPT, [c], [r]), c, r)
+    return sample_record(step, version + 1, ScoredGroup(0, PROMPT, [c], [r]), c, r)
 
 
 def episode(step: int, errors: int = 1) -> dict:
@@ -39,7 +39,7 @@ def episode(step: int, errors: int = 1) -> dict:
     c = Completion(token_ids=list(range(16)), logprobs=[0.0] * 16, finish_reason="stop", policy_version=2,
                    text="…", last_policy_version=3, turns=turns, env_reward=1.0, loss_mask=[1] * 16)
     r = ScoreResult("x/0", 1.0)
-    return GRPOLoop._sample_record(step, 4, ScoredGroup(0, PROMPT, [c], [r]), c, r)
+    return sample_record(step, 4, ScoredGroup(0, PROMPT, [c], [r]), c, r)
 
 
 def test_a_single_turn_sample_reads_as_prompt_response_reward_version_staleness():
@@ -159,20 +159,16 @@ def test_a_records_fields_and_their_order_are_those_the_samples_file_has_always_
     failed = Completion([], [], "stop", 1, env_failure="timeout", env_error="slow", prompt_trim=2,
                         env_metrics={"steps": 1.0})
     r = ScoreResult("x/0", 0.0, ok=False, error="environment: timeout")
-    record = GRPOLoop._sample_record(1, 2, ScoredGroup(0, PROMPT, [failed], [r]), failed, r)
+    record = sample_record(1, 2, ScoredGroup(0, PROMPT, [failed], [r]), failed, r)
     assert list(record) == head + ["turns", "env_reward", "env_failure", "env_error", "env_metrics",
                                    "prompt_trim"]
     assert (record["turns"], record["env_failure"], record["prompt_trim"]) == ([], "timeout", 2)
 
 
 def test_a_step_writes_at_most_samples_per_step_records_in_batch_order():
-    import types
-
     c = Completion([1], [-0.1], "stop", 0, text="5")
     groups = [ScoredGroup(seq, PROMPT, [c, c], [ScoreResult("x/0", float(seq)), ScoreResult("x/1", 0.5)])
               for seq in range(2)]
     for limit, rewards in ((None, [0.0, 0.5, 1.0, 0.5]), (3, [0.0, 0.5, 1.0]), (0, [])):
-        loop_like = types.SimpleNamespace(cfg=types.SimpleNamespace(controller=types.SimpleNamespace(
-            samples_per_step=limit)), _sample_record=GRPOLoop._sample_record)
-        records = GRPOLoop._sample_records(loop_like, 2, 1, groups)
+        records = [json.loads(line) for line in step_lines(2, 1, groups, limit).splitlines()]
         assert [r["reward"] for r in records] == rewards
