@@ -33,13 +33,29 @@ class Waiter(Generic[Work]):
         self.signal: Any = None
         self.work: Work | None = None
         self.joined_at = time.perf_counter()
+        self.joined_t = time.time()
         self.handed_at = 0.0  # time.perf_counter() when the work was handed to it
+        self.handed_t: float | None = None  # the same, wall clock (the journal's)
+        # Wall clock since when admission had given nothing, set once the member is refused work: the
+        # gate then held its slot from then (or from when the slot was freed, if later), not only from
+        # when the controller saw the slot free (a group received late while the gate was closed
+        # delayed nothing: bench/fleetsim/measure.py controller_admission). None: never refused.
+        self.held_since: float | None = None
         self.queued = True  # in the queue (taken off when handed work or woken without)
 
     def held_s(self) -> float:
         """Seconds it waited for admission: from asking until its work was handed out (not until its
         task woke up to take it, which is the controller's own latency)."""
         return self.handed_at - self.joined_at
+
+    def hold_fields(self) -> dict[str, float]:
+        """Its hold, for its `dispatched` journal lines: `held_s`, and for a member refused work, since
+        when admission had given nothing (`held_since`) and when its work came (`handed_t`), wall clock
+        (bench/fleetsim/measure.py controller_admission takes the gate's hold of the free slot out)."""
+        fields = {"held_s": round(self.held_s(), 4)}
+        if self.held_since is not None and self.handed_t is not None:
+            fields.update(held_since=round(self.held_since, 4), handed_t=round(self.handed_t, 4))
+        return fields
 
 
 class AdmissionQueue(Generic[Work]):
@@ -52,6 +68,7 @@ class AdmissionQueue(Generic[Work]):
         self._waiting: deque[Waiter[Work]] = deque()
         self._to_wake: list[Waiter[Work]] = []
         self.wakeups = 0  # times a waiting member was woken (a herd would show here)
+        self._last_handed_t: float | None = None  # wall clock of the last hand-out that gave work
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -103,15 +120,29 @@ class AdmissionQueue(Generic[Work]):
                 continue
             work = next_work()
             if work is None:
+                self._refused()
                 break
             waiter = self._waiting.popleft()
-            waiter.work, waiter.handed_at = work, time.perf_counter()
+            waiter.work, waiter.handed_at, waiter.handed_t = work, time.perf_counter(), time.time()
+            self._last_handed_t = waiter.handed_t
             self._take_off(waiter)
             handed += 1
         if self._waiting and self._waiting[0] is not head:
             self._to_wake.append(self._waiting[0])  # the new first waiter takes over the polling
         self._flush()
         return handed
+
+    def _refused(self) -> None:
+        """Admission gave no work to the waiters: those refused for the first time (the newest, at the
+        back) are held since the last hand-out. Admission gave nothing between it and now: a member
+        that waits was refused at its join (every join is followed by a hand-out), and work that came
+        meanwhile would have gone to it then. Never later than its join: waiting behind members that
+        got work after it asked is the gate's hold too. Amortised O(1): each waiter is marked once."""
+        last = self._last_handed_t
+        for waiter in reversed(self._waiting):
+            if waiter.held_since is not None:
+                break
+            waiter.held_since = waiter.joined_t if last is None else min(last, waiter.joined_t)
 
     def dismiss_all(self) -> None:
         """Wakes every waiter without work (the loop stops)."""

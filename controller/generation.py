@@ -20,7 +20,7 @@ import structlog
 from rlfleet.data.prompts import Prompt
 from rlfleet.errors import PeerSilent, RlfleetError, ServiceUnavailable
 from rlfleet.types import GroupResult, PromptRequest
-from controller.admission import HEAD_POLL_S, IDLE_POLL_S
+from controller.admission import HEAD_POLL_S, IDLE_POLL_S, Waiter
 from controller.fleet import LEAVING, Member
 from controller.recovery import RETRY_FIRST_S, RETRY_MAX_S, Stopped
 from controller.scoring import ScoredGroupInput
@@ -39,12 +39,12 @@ class GenerationSide:
     loop, self._streams) asks for work when the member is free, streams its groups to scoring (on the
     same loop), and hands its prompts back when the member fails or leaves. State lives on the loop."""
 
-    async def _admit(self, member: Member) -> tuple[Dispatch, float]:
+    async def _admit(self, member: Member) -> tuple[Dispatch, Waiter[Dispatch]]:
         """Waits in the admission queue (controller/admission.py) until work is handed to `member`, in
-        the order the members asked; returns the request and the seconds it was held back (the
-        staleness gate, a pause for an outage or a resync): the rest of a free slot's wait is the
-        controller's own admission latency (bench/fleetsim/measure.py). Leaving when `member` takes no
-        more work."""
+        the order the members asked; returns the request and its waiter, which tells how long it was
+        held back (the staleness gate, a pause for an outage or a resync): the rest of a free slot's
+        wait is the controller's own admission latency (bench/fleetsim/measure.py). Leaving when
+        `member` takes no more work."""
         loop = asyncio.get_running_loop()
         with self._cond:
             waiter = self._admission.join(member)
@@ -53,7 +53,7 @@ class GenerationSide:
             while True:
                 with self._cond:
                     if waiter.work is not None:
-                        return waiter.work, waiter.held_s()
+                        return waiter.work, waiter
                     if self.stop.is_set():
                         raise Stopped("stopping")
                     if not member.takes_work():
@@ -73,8 +73,9 @@ class GenerationSide:
             with self._cond:
                 self._admission.leave(waiter)
 
-    def _record_dispatch(self, dispatch: Dispatch, replica: str, held_s: float) -> None:
-        """The dispatch's `dispatched` journal lines, unless the run is stopping: under the loop's lock,
+    def _record_dispatch(self, dispatch: Dispatch, replica: str, hold: dict[str, float]) -> None:
+        """The dispatch's `dispatched` journal lines (`hold`: how long admission held it back,
+        Waiter.hold_fields), unless the run is stopping: under the loop's lock,
         so never after the stop's `requeued` lines for the same prompts (GRPOLoop.requeue_live_on_stop).
         A line written after them left its prompt open and not re-queued in the journal: lost to a
         resume (the fresh-clone suite caught a member preempted between its hand-out and this write)."""
@@ -82,8 +83,7 @@ class GenerationSide:
             if self.stop.is_set():
                 raise Stopped("stopping")  # its prompts are live: the stop re-queued them
             self._note_all("dispatched", [{"seq": seq, "prompt_index": prompt.index,
-                                           "version": self._rollout_version, "replica": replica,
-                                           "held_s": round(held_s, 4)}
+                                           "version": self._rollout_version, "replica": replica, **hold}
                                           for seq, prompt in dispatch.members])
 
     def _hand_out(self, sweep: bool = False) -> None:
@@ -145,12 +145,12 @@ class GenerationSide:
         delay = RETRY_FIRST_S  # the wait after a stream that brought nothing back (_short_stream)
         try:
             while not self.stop.is_set():
-                dispatch, held_s = await self._admit(member)
+                dispatch, waiter = await self._admit(member)
                 prompts = dispatch.request_ids()
                 requests = [PromptRequest(rid, p.prompt_ids, row=self._row(p))
                             for rid, (_, p) in prompts.items()]
                 params = self.params if dispatch.seed is None else replace(self.params, seed=dispatch.seed)
-                self._record_dispatch(dispatch, rollout.address, held_s)
+                self._record_dispatch(dispatch, rollout.address, waiter.hold_fields())
                 started = time.perf_counter()
                 pending = dict(prompts)
                 try:

@@ -61,9 +61,9 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
     gaps = [(a[1], b[0]) for r in replicas
             for a, b in zip(sorted(r["busy"]), sorted(r["busy"])[1:]) if t0 <= a[1] <= t1]
     admission = [b - a for a, b in gaps]
-    # The controller's own part of it: the gap less the time its gate held the request back (the
-    # journal's `held_s`, up to the hand-out that let it through: controller/admission.py), i.e. a free
-    # slot the gate allows to fill, to the prompt dispatched to it.
+    # The controller's own part of it: the gap less the time its gate held the slot back (up to the
+    # hand-out that let it through: controller/admission.py), i.e. a free slot the gate allows to fill,
+    # to the prompt dispatched to it.
     own = controller_admission(replicas, events, t0, t1)
     p0, p1 = pause or (0.0, 0.0)
     admission_outside = [b - a for a, b in gaps if _overlap(a, b, p0, p1) == 0.0]
@@ -160,12 +160,16 @@ def analyse(out: Path, run_dir: Path, window: tuple[float, float], cpu: tuple[fl
 
 def controller_admission(replicas: list[dict], events: list[dict], t0: float, t1: float) -> list[float]:
     """For each replica's gap between two Generates (the first ending in [t0, t1]): the gap less the
-    `held_s` of the dispatch that started the second (the journal's last `dispatched` of its first
-    group before it began). Gaps whose dispatch carries no `held_s` (code before it) are left out."""
-    dispatched: dict[int, list[tuple[float, float]]] = {}
+    time admission held the slot back, from the dispatch that started the second (the journal's last
+    `dispatched` of its first group before it began). A member refused work was held from when the slot
+    was freed or admission last gave work (`held_since`), whichever is later, to its hand-out
+    (`handed_t`): a slot freed while the gate was closed could not have been filled sooner, however late
+    the controller saw it free. Otherwise (code before those fields) from when the controller saw it
+    free: `held_s`. Gaps whose dispatch carries no `held_s` (code before it) are left out."""
+    dispatched: dict[int, list[tuple[float, dict]]] = {}
     for e in events:
         if e["event"] == "dispatched" and "held_s" in e:
-            dispatched.setdefault(e["seq"], []).append((e["t"], e["held_s"]))
+            dispatched.setdefault(e["seq"], []).append((e["t"], e))
     own = []
     for r in replicas:
         busy = sorted(r["busy"])
@@ -174,10 +178,17 @@ def controller_admission(replicas: list[dict], events: list[dict], t0: float, t1
             if not t0 <= a[1] <= t1:
                 continue
             first = next((seq for when, seq in sent if b[0] <= when <= b[1]), None)
-            held = [h for t, h in dispatched.get(first, []) if t <= b[0] + 0.01]
-            if held:
-                own.append(max(0.0, b[0] - a[1] - held[-1]))
+            lines = [e for t, e in dispatched.get(first, []) if t <= b[0] + 0.01]
+            if lines:
+                own.append(max(0.0, b[0] - a[1] - _held_back(lines[-1], a[1])))
     return own
+
+
+def _held_back(dispatched: dict, freed: float) -> float:
+    """Seconds admission held back a slot freed at `freed`, by its `dispatched` line."""
+    if "held_since" in dispatched:
+        return max(0.0, dispatched["handed_t"] - max(freed, dispatched["held_since"]))
+    return dispatched["held_s"]
 
 
 def max_in_flight_bound(generation_s_max: float) -> float:

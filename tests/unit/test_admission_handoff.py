@@ -199,3 +199,77 @@ def test_held_ends_when_the_work_is_handed_out_not_when_the_waiter_wakes():
     assert held >= 0.2 and waiter.joined_at + held <= handed[0]
     assert woke - (waiter.joined_at + held) >= 0.1
     assert queue.wakeups == 1
+
+
+def test_a_member_refused_work_is_held_from_the_last_hand_out_before_it():
+    """A member that finds no work waits for the gate; the gate had admitted nothing since the last
+    hand-out, so a slot freed after that (its group received late) was held by the gate from when it
+    was freed, not from when the controller saw it (bench/fleetsim/measure.py controller_admission)."""
+    queue: AdmissionQueue[str] = AdmissionQueue(lambda waiters: None)
+    work = ["x"]
+    first = queue.join("a")
+    before = time.time()
+    assert queue.hand_out(lambda: work.pop() if work else None, lambda member: True) == 1
+    after = time.time()
+    assert first.work == "x" and first.held_since is None  # it got work as it joined: never held
+    second = queue.join("b")
+    assert queue.hand_out(lambda: None, lambda member: True) == 0  # the gate is closed
+    assert before <= second.held_since <= after and second.handed_t is None
+    work.append("y")
+    handing = time.time()
+    assert queue.hand_out(lambda: work.pop() if work else None, lambda member: True) == 1
+    assert second.work == "y" and handing <= second.handed_t <= time.time()
+
+
+def test_a_member_refused_before_any_hand_out_is_held_from_its_join():
+    queue: AdmissionQueue[str] = AdmissionQueue(lambda waiters: None)
+    before = time.time()
+    waiter = queue.join("a")
+    queue.hand_out(lambda: None, lambda member: True)
+    assert before <= waiter.held_since <= time.time()
+
+
+def test_a_member_refused_in_the_hand_out_that_gave_the_last_work_is_held_from_it():
+    # a and b wait; one piece of work goes to a, and b is refused in the same hand-out: the gate
+    # closed at that hand-out, not at any before it, and b was held from when it asked
+    queue: AdmissionQueue[str] = AdmissionQueue(lambda waiters: None)
+    queue.hand_out(lambda: "earlier", lambda member: True)  # nobody waits: nothing handed
+    first = queue.join("first")
+    queue.hand_out(lambda: "w0", lambda member: True)
+    time.sleep(0.01)
+    a, b = queue.join("a"), queue.join("b")
+    work = ["w1"]
+    queue.hand_out(lambda: work.pop() if work else None, lambda member: True)
+    assert first.work == "w0" and a.work == "w1" and b.work is None
+    assert b.held_since == b.joined_t > first.handed_t
+
+
+def test_a_held_members_dispatched_lines_say_since_when_admission_gave_nothing(tmp_path):
+    """The loop's own members: one refused work (the gate closed) and let through by a freed slot; its
+    `dispatched` lines carry when admission last gave work before it asked and when its work came,
+    wall clock, for bench/fleetsim/measure.py to take the gate's hold of the free slot out."""
+    from controller.journal import read_journal
+
+    loop = fleet_loop(tmp_path, 1)
+    member = loop.fleet.members()[0]
+    admitted: list = []
+
+    async def admit() -> None:
+        admitted.append(await loop._admit(member))
+
+    closed_at = time.time()  # no work handed out yet: held from its join, after this
+    loop._streams.submit(admit())
+    try:
+        wait_for(lambda: len(loop._admission) == 1, "the member to wait")
+        time.sleep(0.05)  # held by the gate
+        freed_at = time.time()
+        Waiting(loop).free_slot()
+        wait_for(lambda: bool(admitted), "the member's admission")
+        dispatch, waiter = admitted[0]
+        loop._record_dispatch(dispatch, member.address, waiter.hold_fields())
+    finally:
+        Waiting(loop).stop()
+    lines = [e for e in read_journal(tmp_path / "journal" / "prompts.jsonl") if e["event"] == "dispatched"]
+    assert len(lines) == 1 and lines[0]["held_s"] >= 0.05
+    assert closed_at - 0.001 <= lines[0]["held_since"] <= freed_at - 0.049
+    assert freed_at - 0.001 <= lines[0]["handed_t"] <= time.time()

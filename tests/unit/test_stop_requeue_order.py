@@ -20,7 +20,7 @@ def test_a_dispatch_handed_out_before_the_stop_is_not_journalled_after_its_reque
     loop.stop.set()
     loop.requeue_live_on_stop()  # the training thread's stop
     with pytest.raises(Stopped):
-        loop._record_dispatch(dispatch, "replica:1", 0.0)  # the member, preempted until now
+        loop._record_dispatch(dispatch, "replica:1", {"held_s": 0.0})  # the member, preempted until now
     loop.journal.close()
     result = audit(tmp_path / "journal" / "prompts.jsonl")
     assert result.lost == [] and result.trained_twice == []
