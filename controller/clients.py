@@ -27,7 +27,7 @@ from rlfleet.proto.v1 import (
     rollout_pb2_grpc,
 )
 from rlfleet.rpc import convert
-from rlfleet.rpc.aio_channel import open_aio_channel
+from rlfleet.rpc.aio_channel import AioChannel, open_aio_channel
 from rlfleet.rpc.call_release import release_call
 from rlfleet.rpc.channel import REPORT_EVERY_S, keepalive_options, wait_until_serving
 from rlfleet.rpc.security import Security
@@ -95,6 +95,7 @@ def _rpc(fn: Callable) -> Callable:
 
 class _Client:
     role = ""
+    stub_class: Callable = object  # the service's generated stub, made on the asyncio channel
 
     def __init__(self, address: str, timeout_s: float, connect_timeout_s: float = 60.0, alive=lambda: True,
                  security: Security | None = None, report_every_s: float | None = REPORT_EVERY_S,
@@ -113,8 +114,9 @@ class _Client:
         self.channel = wait_until_serving(address, self.role, connect_timeout_s, alive, security,
                                           report_every_s=report_every_s if report_every_s else float("inf"),
                                           extra_options=self.extra_options)
-        self._aio: grpc.aio.Channel | None = None  # calls made on the controller's event loop
+        self._aio: AioChannel | None = None  # calls made on the controller's event loop
         self._aio_loop: asyncio.AbstractEventLoop | None = None
+        self._aio_stub = None  # the stub on self._aio, made once a channel (not once a call)
         # With keepalive, the asyncio channel's connection is pinged even with no call open, so it stays
         # READY only while the service answers: `connected` follows it (_watch_connection), and the
         # fleet's heartbeat asks no status of a member whose connection is READY (issue 44)
@@ -133,7 +135,7 @@ class _Client:
         self._close_streams()
 
     # ---- calls on an event loop (controller/stream_loop.py) -------------------------------------
-    def _aio_channel(self, rpc: str) -> grpc.aio.Channel:
+    def _aio_channel(self, rpc: str) -> AioChannel:
         """The asyncio channel, with the same options as the blocking one (TLS, token, keepalive,
         request ids), opened on first use on the running loop (grpc.aio binds a channel to it)."""
         if self.closed:
@@ -142,6 +144,7 @@ class _Client:
         if self._aio is None or self._aio_loop is not loop:
             self._aio = open_aio_channel(self.address, self.security, self.extra_options)
             self._aio_loop = loop
+            self._aio_stub = self.stub_class(self._aio)
             if self.keepalive:
                 self._connection_watch = loop.create_task(self._watch_connection(self._aio))
             if self.closed:  # close() ran meanwhile, on another thread, before this channel existed
@@ -160,7 +163,13 @@ class _Client:
         """Whether the watch of the asyncio channel's connection ended (never started, or closed)."""
         return self._connection_watch is None or self._connection_watch.done()
 
-    async def _watch_connection(self, channel: grpc.aio.Channel) -> None:
+    def _aio_stub_for(self, rpc: str):
+        """The service's stub on the asyncio channel (opened if need be); its calls carry the
+        request id, the step and the token (rlfleet.rpc.aio_channel.AioChannel)."""
+        self._aio_channel(rpc)
+        return self._aio_stub
+
+    async def _watch_connection(self, channel: AioChannel) -> None:
         """Keeps `connected` true while `channel` is READY, until it closes; a connection lost (its
         pings unanswered for KEEPALIVE_TIMEOUT_S, or closed by the peer) is asked for again at once, so
         a replica that answers again is watched again. Woken only by a change of state: no polling.
@@ -217,6 +226,7 @@ class _Client:
 
 class RolloutClient(_Client):
     role = "rollout"
+    stub_class = rollout_pb2_grpc.RolloutStub
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -229,8 +239,7 @@ class RolloutClient(_Client):
                              payload_sink: str = "") -> AsyncIterator[t.GroupResult]:
         """generate() on the running event loop (controller/stream_loop.py), over the asyncio channel;
         its failures translated alike."""
-        channel = self._aio_channel("Generate")
-        stream = rollout_pb2_grpc.RolloutStub(channel).Generate(
+        stream = self._aio_stub_for("Generate").Generate(
             convert.generate_request_to_proto(prompts, params, payload_sink), timeout=self.timeout_s)
         self._streaming(+1)
         try:
@@ -277,6 +286,7 @@ class RolloutClient(_Client):
 
 class RewardClient(_Client):
     role = "reward"
+    stub_class = reward_pb2_grpc.RewardStub
 
     def __init__(self, *args, tally: RewardTally | None = None, **kwargs):
         """`tally`: under `reward.sources`, adds up each reply's per-source scores and costs."""
@@ -292,10 +302,9 @@ class RewardClient(_Client):
     async def score_async(self, items: list[t.ScoreItem]) -> list[t.ScoreResult]:
         """score() on the running event loop (the controller's, where groups arrive: issue 44), over
         the asyncio channel; its failures translated alike."""
-        channel = self._aio_channel("score")
+        stub = self._aio_stub_for("score")
         with self._aio_errors("score"):  # named as the blocking call names it
-            reply = await reward_pb2_grpc.RewardStub(channel).Score(convert.score_items_to_proto(items),
-                                                                    timeout=self.timeout_s)
+            reply = await stub.Score(convert.score_items_to_proto(items), timeout=self.timeout_s)
         return self._results(items, reply)
 
     def _results(self, items: list[t.ScoreItem], reply) -> list[t.ScoreResult]:
@@ -315,6 +324,7 @@ class RewardClient(_Client):
 
 class LearnerClient(_Client):
     role = "learner"
+    stub_class = learner_pb2_grpc.LearnerStub
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -61,8 +61,8 @@ def test_generate_async_on_a_closed_client_is_an_unreachable_service(rollout_ser
 
 
 def test_a_stream_on_the_aio_channel_carries_the_request_id_the_step_and_the_token():
-    """What its interceptors add (as the blocking channel's RequestIdInterceptor and
-    TokenClientInterceptor do), seen by a server."""
+    """What the channel adds to every call as its metadata (as the blocking channel's
+    RequestIdInterceptor and TokenClientInterceptor do), seen by a server."""
     import structlog
     from concurrent.futures import ThreadPoolExecutor
 
