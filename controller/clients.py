@@ -121,6 +121,9 @@ class _Client:
         # READY only while the service answers: `connected` follows it (_watch_connection), and the
         # fleet's heartbeat asks no status of a member whose connection is READY (issue 44)
         self.connected = False
+        # Times that connection left READY (lost, or closed), or the channel was replaced: what a call
+        # learned of the service's process before may be another process's now (RolloutClient.kept_status)
+        self.connection_losses = 0
         self._connection_watch: asyncio.Task | None = None
 
     @_rpc
@@ -131,6 +134,7 @@ class _Client:
     def close(self) -> None:
         self.closed = True
         self.connected = False
+        self.connection_losses += 1
         self.channel.close()
         self._close_streams()
 
@@ -142,6 +146,8 @@ class _Client:
             raise _closed(self.role, self.address, rpc)
         loop = asyncio.get_running_loop()
         if self._aio is None or self._aio_loop is not loop:
+            if self._aio is not None:  # a new connection, maybe to another process than the old one's
+                self.connection_losses += 1
             self._aio = open_aio_channel(self.address, self.security, self.extra_options)
             self._aio_loop = loop
             self._aio_stub = self.stub_class(self._aio)
@@ -173,13 +179,17 @@ class _Client:
         """Keeps `connected` true while `channel` is READY, until it closes; a connection lost (its
         pings unanswered for KEEPALIVE_TIMEOUT_S, or closed by the peer) is asked for again at once, so
         a replica that answers again is watched again. Woken only by a change of state: no polling.
-        A channel replaced by one on another loop stops speaking for the client."""
+        A channel replaced by one on another loop stops speaking for the client. Every departure from
+        READY counts in `connection_losses`, however soon the connection comes back: the state it
+        went back to may already be READY again, to a replica restarted at the same address."""
         ready, shutdown = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.SHUTDOWN
         try:
             state = channel.get_state(try_to_connect=True)
             while state != shutdown and not self.closed and channel is self._aio:
                 self.connected = state == ready
                 await channel.wait_for_state_change(state)
+                if state == ready and channel is self._aio:
+                    self.connection_losses += 1
                 state = channel.get_state(try_to_connect=True)
         finally:
             if channel is self._aio:
@@ -224,6 +234,15 @@ class _Client:
             await asyncio.wait([self._connection_watch], timeout=1.0)
 
 
+def watched_alive(client: RolloutClient) -> bool:
+    """Whether `client`'s channel pings its service (`keepalive`, rlfleet.rpc.channel), so that the
+    service is known to answer without asking it: a Generate stream open on it (a frozen or partitioned
+    replica fails that stream within KEEPALIVE_S + KEEPALIVE_TIMEOUT_S), or, with no stream open, its
+    connection still READY: pinged even with no call open, it is lost within the same bound when the
+    replica stops answering (`connected`)."""
+    return client.keepalive and (client.streams > 0 or client.connected)
+
+
 class RolloutClient(_Client):
     role = "rollout"
     stub_class = rollout_pb2_grpc.RolloutStub
@@ -234,6 +253,34 @@ class RolloutClient(_Client):
         self.streams = 0  # Generate streams open now (on a kept-alive channel, each watches the replica)
         self.answered = 0.0  # time.monotonic() when a Generate stream last brought a group or ended OK
         self._counting = threading.Lock()
+        # The replica's last status answer, with `connection_losses` as it was when asked (kept_status)
+        self._kept: tuple[t.ServiceStatus, int] | None = None
+
+    def status(self, timeout_s: float = 10.0) -> t.ServiceStatus:
+        """The replica's status; the answer is kept (kept_status), a failure forgets the one kept."""
+        losses = self.connection_losses  # read first: a loss during the call makes the answer stale
+        try:
+            status = super().status(timeout_s)
+        except RlfleetError:
+            self._kept = None
+            raise
+        self._kept = (status, losses)
+        return status
+
+    def kept_status(self) -> t.ServiceStatus | None:
+        """The status this replica's process answered last (at its Join's call back, a re-form, a
+        heartbeat), while it is surely that process's and the process is alive: the kept-alive
+        connection is watched alive (watched_alive) and was not lost since the answer (a crash drops it,
+        so a replica restarted at its address is asked again). None otherwise: ask it.
+
+        Only what a process keeps for its life may be read from it (its weight ranks, placement,
+        instance), not its load or version. A status asked before the asyncio channel first connected
+        (the Join's call back comes before the member's first stream) is taken for that connection's
+        process: a replica restarted in between Joins again, and its new member replaces this one."""
+        kept = self._kept
+        if kept is None or kept[1] != self.connection_losses or self.closed or not watched_alive(self):
+            return None
+        return kept[0]
 
     async def generate_async(self, prompts: list[t.PromptRequest], params: t.SamplingParams,
                              payload_sink: str = "") -> AsyncIterator[t.GroupResult]:

@@ -188,6 +188,8 @@ class Fleet(FleetLiveness):
             raise FleetRefused(f"the controller cannot reach it at {address} within {JOIN_CHECK_S:g}s "
                                f"({exc}); is that the address others reach it at (--advertise)?") from None
         try:
+            # the answer stays with the client (RolloutClient.kept_status): while its kept-alive
+            # connection stays up, no re-form asks this process its status again
             status = client.status(timeout_s=5.0)
         except RlfleetError as exc:
             client.close()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from rlfleet.errors import RlfleetError
+from controller.clients import watched_alive
 
 if TYPE_CHECKING:
     from controller.fleet import Member
@@ -94,13 +95,10 @@ class FleetLiveness:
 
 
 def _pinged(member: Member) -> bool:
-    """Whether the member's channel pings it (RolloutClient `keepalive`, rlfleet.rpc.channel): a
-    Generate stream open on it (a frozen or partitioned replica fails that stream within KEEPALIVE_S +
-    KEEPALIVE_TIMEOUT_S, and its generation task removes it), or, with no stream open (at S = 1 most
-    members wait in the admission queue), its connection still READY: pinged even with no call open,
-    it is lost within the same bound when the replica stops answering (RolloutClient.connected)."""
-    client = member.client
-    return client.keepalive and (client.streams > 0 or client.connected)
+    """Whether the member's channel pings it (controller/clients.py watched_alive): a Generate stream
+    open on it (a frozen or partitioned replica fails it, and its generation task removes it), or, with
+    no stream open (at S = 1 most members wait in the admission queue), its connection still READY."""
+    return watched_alive(member.client)
 
 
 def _answering(members: list[Member], timeout_s: float, calls: int) -> list[bool]:

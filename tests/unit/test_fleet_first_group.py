@@ -50,6 +50,9 @@ class JoiningRollout:
     def status(self, timeout_s: float = 10.0) -> ServiceStatus:
         return ServiceStatus("rollout", True, max(self.version, 0), stats={"weight_ranks": 1})
 
+    def kept_status(self) -> None:
+        return None  # no kept-alive channel watches it: every re-form asks its status
+
     def join_weight_group(self, *args) -> None:
         pass
 

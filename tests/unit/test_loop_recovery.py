@@ -75,6 +75,9 @@ class FakeRollout:
     def status(self, timeout_s: float = 10.0) -> ServiceStatus:
         return ServiceStatus("rollout", True, self.version, stats={"weight_ranks": 1})
 
+    def kept_status(self) -> None:
+        return None  # no kept-alive channel watches it: every re-form asks its status
+
     def join_weight_group(self, *args) -> None:
         pass
 

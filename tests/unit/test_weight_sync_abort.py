@@ -58,6 +58,9 @@ class SocketRollout:
         self._alive()
         return ServiceStatus("rollout", True, stats={"weight_ranks": 1.0})
 
+    def kept_status(self) -> None:
+        return None  # no kept-alive channel watches it: every re-form asks its status
+
     def join_weight_group(self, address, rank, world_size, backend, timeout_s) -> None:
         self._alive()
         if self.member is not None:
