@@ -29,6 +29,7 @@ from controller.clients import RolloutClient
 from controller.fleet import Fleet
 from rlfleet.rpc.channel import KEEPALIVE_S, KEEPALIVE_TIMEOUT_S
 from tests.e2e.conftest import REPO
+from tests.sim_services import holds_within
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
 
@@ -105,15 +106,6 @@ def idle_fleet(tmp_path: Path):
     thread.join(timeout=10)
 
 
-def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 def test_idle_members_on_kept_alive_channels_are_not_asked_their_status(idle_fleet):
     """Before: every beat asked every idle member (4 members × 5 beats = 20 calls)."""
     fleet, replicas = idle_fleet(4)
@@ -140,7 +132,7 @@ def _removed_within(fleet: Fleet, replicas: list[Replica], sig: int) -> float:
                                         "state": "left: unreachable"}
         assert [m.address for m in fleet.members()] == [r.address for r in replicas[1:]]
         # its connection watch ended with its client (closed on removal)
-        assert _wait_for(lambda: victim.client.connection_watch_done(), 10)
+        assert holds_within(lambda: victim.client.connection_watch_done(), 10)
         return took_s
     finally:
         stop.set()

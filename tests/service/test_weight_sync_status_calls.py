@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,17 +24,15 @@ import pytest
 
 from bench.fleetsim.engine import SimEngine
 from bench.fleetsim.gpu_model import GpuModel
-from bench.fleetsim.learner import SimLearner
-from controller.clients import LearnerClient, RolloutClient
+from controller.clients import RolloutClient
 from controller.fleet import Fleet
 from controller.reform import MembersFailed
 from controller.weight_sync import WeightSync
-from rlfleet.proto.v1 import learner_pb2_grpc, rollout_pb2_grpc
+from rlfleet.proto.v1 import rollout_pb2_grpc
 from rlfleet.rpc.server import ServiceServer
-from services.learner.servicer import SERVICE_NAME as LEARNER_SERVICE
-from services.learner.servicer import LearnerServicer
 from services.rollout.servicer import SERVICE_NAME as ROLLOUT_SERVICE
 from services.rollout.servicer import RolloutServicer
+from tests.sim_services import holds_within, sim_learner
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
 
@@ -79,16 +76,8 @@ class Replica:
 
 @pytest.fixture
 def learner(tmp_path: Path):
-    servicer = LearnerServicer()
-    server = ServiceServer([LEARNER_SERVICE], "127.0.0.1", 0, max_workers=8)
-    server.add(learner_pb2_grpc.add_LearnerServicer_to_server, servicer)
-    server.start()
-    servicer.attach(SimLearner(GpuModel(), tokens_per_s=1e6, out_dir=tmp_path))
-    server.mark_serving()
-    client = LearnerClient(server.address, timeout_s=30)
-    yield client
-    client.close()
-    server.stop(grace_s=0)
+    with sim_learner(tmp_path) as client:
+        yield client
 
 
 @pytest.fixture
@@ -134,12 +123,7 @@ def _reform(sync: WeightSync, rollouts: list[RolloutClient]) -> None:
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float = CONNECTION_WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
+    return holds_within(condition, timeout_s)
 
 
 def test_members_on_kept_alive_channels_are_not_asked_their_status_at_a_reform(joined):

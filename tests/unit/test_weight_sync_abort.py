@@ -18,17 +18,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.fleetsim.gpu_model import GpuModel
-from bench.fleetsim.learner import SimLearner
 from bench.fleetsim.rendezvous import MEMBER_WAIT_S, RendezvousMember
-from controller.clients import LearnerClient
 from controller.reform import MembersFailed
 from controller.weight_sync import WeightSync
 from rlfleet.errors import RlfleetError, ServiceUnavailable
-from rlfleet.proto.v1 import learner_pb2_grpc
-from rlfleet.rpc.server import ServiceServer
 from rlfleet.types import ServiceStatus
-from services.learner.servicer import SERVICE_NAME, LearnerServicer
+from tests.sim_services import sim_learner
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -75,16 +70,8 @@ class SocketRollout:
 
 @pytest.fixture
 def learner(tmp_path):
-    servicer = LearnerServicer()
-    server = ServiceServer([SERVICE_NAME], "127.0.0.1", 0, max_workers=8)
-    server.add(learner_pb2_grpc.add_LearnerServicer_to_server, servicer)
-    server.start()
-    servicer.attach(SimLearner(GpuModel(), tokens_per_s=1e6, out_dir=tmp_path))
-    server.mark_serving()
-    client = LearnerClient(server.address, timeout_s=30)
-    yield client
-    client.close()
-    server.stop(grace_s=0)
+    with sim_learner(tmp_path) as client:
+        yield client
 
 
 def test_a_member_dead_inside_the_group_does_not_hold_the_next_reform(learner):
