@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.clients import _translate
+from controller.service_client import translate_rpc_error
 from rlfleet.errors import PeerSilent
 from rlfleet.rpc.aio_channel import open_aio_channel
 from rlfleet.rpc.channel import keepalive_options, open_channel
@@ -114,7 +114,7 @@ def test_a_frozen_server_fails_the_open_stream_within_the_keepalive_bound():
         waited_s = time.monotonic() - frozen
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (info.value.code(), info.value.details())
         assert waited_s < 30, waited_s  # ~1.2 s; the deadline would be 60 s
-        error = _translate("rollout", f"127.0.0.1:{port}", "Generate", info.value)
+        error = translate_rpc_error("rollout", f"127.0.0.1:{port}", "Generate", info.value)
         assert isinstance(error, PeerSilent), error
         channel.close()
     finally:

@@ -15,7 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.clients import RolloutClient, _translate
+from controller.clients import RolloutClient
+from controller.service_client import translate_rpc_error
 from rlfleet.errors import PeerSilent, ServiceUnavailable
 from rlfleet.rpc.aio_channel import open_aio_channel
 from rlfleet.rpc.channel import keepalive_options
@@ -122,7 +123,7 @@ def test_a_frozen_server_fails_the_open_aio_stream_as_peer_silent():
         error, waited_s = asyncio.run(watch_until_frozen(port))
         assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
         assert waited_s < 30, waited_s
-        assert isinstance(_translate("rollout", f"127.0.0.1:{port}", "Generate", error), PeerSilent)
+        assert isinstance(translate_rpc_error("rollout", f"127.0.0.1:{port}", "Generate", error), PeerSilent)
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
