@@ -14,6 +14,7 @@ import structlog
 from rlfleet.errors import RlfleetError
 from controller.groups import ScoredGroup
 from controller.recovery import Stopped
+from controller.sample_lines import sample_record
 from controller.stall import StallFacts
 from controller.state import Dispatch
 
@@ -131,7 +132,7 @@ class BatchSide:
             failed = failed[:max(0, limit - self._failed_kept)]
         failed = failed[:self._dropped_quota.take(len(failed))] if failed else failed
         self._failed_kept += len(failed)
-        records = [{**self._sample_record(self.step + 1, None, group, c, r), "dropped": reason}
+        records = [{**sample_record(self.step + 1, None, group, c, r), "dropped": reason}
                    for c, r in failed]
         if records:
             self.writer.log_samples(records)

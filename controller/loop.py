@@ -41,7 +41,7 @@ from controller.payload_loss import lost_groups
 from controller.payload_release import payload_releaser
 from controller.recovery import Recovery
 from controller.sample_builder import SampleBuilder
-from controller.sample_lines import sample_record, step_lines
+from controller.sample_lines import step_lines
 from controller.sample_quota import SampleQuota
 from controller.scoring import ScoredGroupInput, ScoringSide
 from controller.stall import StallWatchdog
@@ -350,6 +350,3 @@ class GRPOLoop(GenerationSide, ScoringSide, BatchSide):
             return None
         return DataRow(data_source=prompt.data_source, prompt=prompt.text, ground_truth=prompt.ground_truth,
                        extra_info=prompt.extra_info)
-
-    # a sample's record (samples/train.jsonl; also a dropped group's failed episodes: BatchSide)
-    _sample_record = staticmethod(sample_record)
