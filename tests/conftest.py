@@ -61,6 +61,16 @@ def tiny_tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The temp folder's room, written even under -q (CI's flags hide the header); once, not by each worker
+    from tests.disk_room import temp_room_line
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not hasattr(session.config, "workerinput"):
+        line = temp_room_line()
+        reporter.write_line(line, yellow=line.startswith("WARNING"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Longest files first, so that pytest-xdist's workers finish together (tests/scheduling.py).
     from tests.scheduling import longest_files_first
