@@ -44,15 +44,16 @@ def _settled_in_flight(run, replica: str, quiet_s: float = 2.0, bound_s: float =
     return seen
 
 
-def _all_handed_back(run, replica: str, cut: set[int]) -> set[int] | None:
-    """`replica`'s handed-back prompts once they hold every group of `cut` it did not send back."""
+def _all_handed_back(run, replica: str, cut: set[int], at_least: int = 1) -> set[int] | None:
+    """`replica`'s handed-back prompts once they hold every group of `cut` it did not send back, and
+    `at_least` prompts."""
     handed, sent_back = set(), set()
     for e in events(run):
         if e.get("replica") == replica and e["event"] == "requeued":
             handed.add(e["seq"])
         elif e.get("replica") == replica and e["event"] == "generated":
             sent_back.add(e["seq"])
-    return handed if handed and cut - sent_back <= handed else None
+    return handed if len(handed) >= at_least and cut - sent_back <= handed else None
 
 
 def test_a_drain_timeout_hands_the_cut_groups_to_another_replica_trained_once(run_dir, tmp_path):
@@ -95,9 +96,9 @@ def test_a_drain_timeout_hands_the_cut_groups_to_another_replica_trained_once(ru
         reported = re.search(r"left the run: (\d+) groups finished, (\d+) handed back", out)
         assert reported, out
         # and one dispatched to it after `cut` was read, handed back too: its line may trail the others
-        handed = wait_for("every group the drain reported handed back in the journal", lambda: (
-            h if len(h := _all_handed_back(run, address, cut) or set()) >= int(reported[2]) else None),
-            [main], timeout_s=30)
+        handed = wait_for("every group the drain reported handed back in the journal",
+                          lambda: _all_handed_back(run, address, cut, at_least=int(reported[2])), [main],
+                          timeout_s=30)
         assert int(reported[2]) == len(handed) >= 1, (out, handed)
         # exactly what was in flight, nothing it had sent back: a group it sent just before it froze can
         # still reach the journal after `cut` was read (it counts as sent back), and one dispatched to it

@@ -1,4 +1,4 @@
-"""The suite's header line on the temp folder's free space (tests/disk_room.py): a disk too small for the
+"""The suite's first line on the temp folder's free space (tests/disk_room.py): a disk too small for the
 suite's peak is named before the run, not found as INTERNALERROR and tests erroring in their setup."""
 import pytest
 
